@@ -1,0 +1,239 @@
+// The only file that knows Python. Exposes the engine as worker._native.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <stdexcept>
+
+#include "engine.h"
+#include "gguf.h"
+#include "kernels/kernels.h"
+#include "kv_format.h"
+
+namespace py = pybind11;
+using namespace kvs;
+
+namespace {
+
+py::object to_python(const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::U8: case GgufType::U16: case GgufType::U32: case GgufType::U64: return py::int_(v.u);
+    case GgufType::I8: case GgufType::I16: case GgufType::I32: case GgufType::I64: return py::int_(v.i);
+    case GgufType::F32: case GgufType::F64: return py::float_(v.f);
+    case GgufType::BOOL: return py::bool_(v.u != 0);
+    case GgufType::STRING: {
+      PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), static_cast<Py_ssize_t>(v.s.size()), "surrogateescape");
+      if (s == nullptr) throw py::error_already_set();
+      return py::reinterpret_steal<py::object>(s);
+    }
+    case GgufType::ARRAY: {
+      py::list out(v.arr.size());
+      for (size_t i = 0; i < v.arr.size(); ++i) out[i] = to_python(v.arr[i]);
+      return std::move(out);
+    }
+  }
+  return py::none();
+}
+
+py::dict info_dict(const SequenceInfo& i) {
+  py::dict d;
+  d["id"] = i.id;
+  d["n_tokens"] = i.n_tokens;
+  d["n_past"] = i.n_past;
+  d["generating"] = i.generating;
+  d["generated"] = i.generated;
+  d["finish_reason"] = i.finish_reason;
+  return d;
+}
+
+std::vector<float> as_floats(const py::array_t<float, py::array::c_style | py::array::forcecast>& a) {
+  return std::vector<float>(a.data(), a.data() + a.size());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "kvswarm native engine (C++17): GGUF reader, KV formats, kernels, Llama forward, batched engine";
+
+  static py::exception<KvBudgetError> kv_budget_error(m, "KvBudgetError", PyExc_MemoryError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KvBudgetError& e) {
+      py::set_error(kv_budget_error, e.what());
+    } catch (const std::out_of_range& e) {
+      py::set_error(PyExc_KeyError, e.what());
+    }
+  });
+
+  py::class_<SamplingParams>(m, "SamplingParams")
+      .def(py::init([](float temperature, int top_k, float top_p, float repetition_penalty, int repeat_last_n,
+                       uint64_t seed, int max_new_tokens, std::vector<int32_t> stop_tokens) {
+             SamplingParams sp;
+             sp.temperature = temperature;
+             sp.top_k = top_k;
+             sp.top_p = top_p;
+             sp.repetition_penalty = repetition_penalty;
+             sp.repeat_last_n = repeat_last_n;
+             sp.seed = seed;
+             sp.max_new_tokens = max_new_tokens;
+             sp.stop_tokens = std::move(stop_tokens);
+             return sp;
+           }),
+           py::kw_only(), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+           py::arg("repetition_penalty") = 1.0f, py::arg("repeat_last_n") = 64, py::arg("seed") = 0,
+           py::arg("max_new_tokens") = -1, py::arg("stop_tokens") = std::vector<int32_t>{})
+      .def_readwrite("temperature", &SamplingParams::temperature)
+      .def_readwrite("top_k", &SamplingParams::top_k)
+      .def_readwrite("top_p", &SamplingParams::top_p)
+      .def_readwrite("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_readwrite("repeat_last_n", &SamplingParams::repeat_last_n)
+      .def_readwrite("seed", &SamplingParams::seed)
+      .def_readwrite("max_new_tokens", &SamplingParams::max_new_tokens)
+      .def_readwrite("stop_tokens", &SamplingParams::stop_tokens);
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
+                       size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
+                       const std::string& isa) {
+             EngineOptions o;
+             o.model_path = model;
+             o.kv_k = kv_k;
+             o.kv_v = kv_v;
+             o.kv_budget_bytes = kv_budget_bytes;
+             o.threads = threads;
+             o.block_tokens = block_tokens;
+             o.max_batch_tokens = max_batch_tokens;
+             o.isa = isa;
+             py::gil_scoped_release release;
+             return std::make_unique<Engine>(o);
+           }),
+           py::arg("model"), py::kw_only(), py::arg("kv_k") = "f16", py::arg("kv_v") = "f16",
+           py::arg("kv_budget_bytes") = 0, py::arg("threads") = 2, py::arg("block_tokens") = 16,
+           py::arg("max_batch_tokens") = 256, py::arg("isa") = "")
+      .def_property_readonly("isa", &Engine::isa)
+      .def_property_readonly("config", [](const Engine& e) {
+        const ModelConfig& c = e.config();
+        py::dict d;
+        d["arch"] = c.arch;
+        d["n_vocab"] = c.n_vocab;
+        d["n_embd"] = c.n_embd;
+        d["n_layer"] = c.n_layer;
+        d["n_head"] = c.n_head;
+        d["n_head_kv"] = c.n_head_kv;
+        d["head_dim"] = c.head_dim;
+        d["n_ff"] = c.n_ff;
+        d["n_ctx_train"] = c.n_ctx_train;
+        d["rope_base"] = c.rope_base;
+        d["rms_eps"] = c.rms_eps;
+        d["weight_bytes"] = e.model().weight_bytes();
+        return d;
+      })
+      .def("add_sequence", &Engine::add_sequence, py::arg("tokens"), py::arg("sampling"), py::arg("generate") = true,
+           py::call_guard<py::gil_scoped_release>())
+      .def("append", &Engine::append, py::arg("id"), py::arg("tokens"), py::arg("sampling"),
+           py::arg("generate") = true, py::call_guard<py::gil_scoped_release>())
+      .def("finish", &Engine::finish, py::arg("id"), py::call_guard<py::gil_scoped_release>())
+      .def("free", &Engine::free, py::arg("id"), py::call_guard<py::gil_scoped_release>())
+      .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+      .def("busy", &Engine::busy, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "score",
+          [](Engine& e, int id, const std::vector<int32_t>& tokens) {
+            std::vector<float> l;
+            {
+              py::gil_scoped_release release;
+              l = e.score(id, tokens);
+            }
+            const int nv = e.config().n_vocab;
+            py::array_t<float> out({static_cast<py::ssize_t>(l.size() / nv), static_cast<py::ssize_t>(nv)});
+            std::copy(l.begin(), l.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("id"), py::arg("tokens"))
+      .def("info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
+      .def("sequence_ids", &Engine::sequence_ids)
+      .def("tokens", &Engine::tokens, py::arg("id"))
+      .def("memory", [](const Engine& e) {
+        const MemoryStats s = e.memory();
+        py::dict d;
+        d["bytes_per_token"] = s.bytes_per_token;
+        d["block_bytes"] = s.block_bytes;
+        d["block_tokens"] = s.block_tokens;
+        d["budget_bytes"] = s.budget_bytes;
+        d["bytes_reserved"] = s.bytes_reserved;
+        d["bytes_used"] = s.bytes_used;
+        d["bytes_allocated"] = s.bytes_allocated;
+        d["blocks_in_use"] = s.blocks_in_use;
+        d["weight_bytes"] = s.weight_bytes;
+        d["scratch_bytes"] = s.scratch_bytes;
+        d["sequences"] = s.sequences;
+        return d;
+      });
+
+  m.def(
+      "read_gguf",
+      [](const std::string& path) {
+        std::unique_ptr<GgufFile> f;
+        {
+          py::gil_scoped_release release;
+          f = std::make_unique<GgufFile>(path);
+        }
+        py::dict meta;
+        for (const auto& [k, v] : f->metadata()) meta[py::str(k)] = to_python(v);
+        py::list tensors;
+        for (const GgufTensor& t : f->tensors()) {
+          py::dict d;
+          d["name"] = t.name;
+          d["type"] = type_traits(t.type).name;
+          d["shape"] = t.shape;
+          d["offset"] = t.offset;
+          d["nbytes"] = t.nbytes;
+          tensors.append(d);
+        }
+        py::dict out;
+        out["version"] = f->version();
+        out["alignment"] = f->alignment();
+        out["metadata"] = meta;
+        out["tensors"] = tensors;
+        return out;
+      },
+      py::arg("path"), "Parse and validate a GGUF file; returns version, alignment, metadata and the tensor table.");
+
+  m.def("isa_levels", &available_isa_levels, "ISA levels this machine can run, best last.");
+  m.def("kv_row_bytes", [](const std::string& fmt, int head_dim) {
+    return kv_row_bytes(kv_format_from_string(fmt), head_dim);
+  });
+
+  // Kernel hooks for the test suite: run one kernel of one ISA level.
+  m.def("_kernel_dot", [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> a,
+                          py::array_t<float, py::array::c_style | py::array::forcecast> b) {
+    if (a.size() != b.size()) throw std::invalid_argument("_kernel_dot: length mismatch");
+    return kernels_for(level).dot_f32(a.data(), b.data(), static_cast<int>(a.size()));
+  });
+  m.def("_kernel_dequant", [](const std::string& level, const std::string& type, py::bytes raw, int64_t n) {
+    static const std::map<std::string, GgmlType> types{{"F32", GgmlType::F32},   {"F16", GgmlType::F16},
+                                                       {"BF16", GgmlType::BF16}, {"Q4_0", GgmlType::Q4_0},
+                                                       {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0}};
+    auto it = types.find(type);
+    if (it == types.end()) throw std::invalid_argument("unknown weight type " + type);
+    const std::string bytes = raw;
+    if (n <= 0 || bytes.size() != row_bytes(it->second, n)) {
+      throw std::invalid_argument("_kernel_dequant: byte length does not match n");
+    }
+    py::array_t<float> out(n);
+    kernels_for(level).dequant_row(it->second, bytes.data(), out.mutable_data(), n);
+    return out;
+  });
+  m.def("_kv_roundtrip", [](const std::string& level, const std::string& fmt,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+    const KvFormat f = kv_format_from_string(fmt);
+    const int n = static_cast<int>(x.size());
+    std::vector<uint8_t> buf(kv_row_bytes(f, n));
+    kv_store_row(f, x.data(), buf.data(), n);
+    py::array_t<float> out(n);
+    kernels_for(level).kv_load_row(f, buf.data(), out.mutable_data(), n);
+    return py::make_tuple(out, py::bytes(reinterpret_cast<const char*>(buf.data()), buf.size()));
+  });
+}

@@ -1,0 +1,352 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace kvs {
+
+Engine::Engine(const EngineOptions& opt) : opt_(opt) {
+  if (opt.max_batch_tokens < 1) {
+    throw std::invalid_argument("max_batch_tokens must be at least 1, got " + std::to_string(opt.max_batch_tokens));
+  }
+  kern_ = opt.isa.empty() ? &active_kernels() : &kernels_for(opt.isa);
+  model_ = std::make_unique<Model>(opt.model_path);
+  const ModelConfig& c = model_->config();
+  KvGeometry g;
+  g.n_layer = c.n_layer;
+  g.n_kv_head = c.n_head_kv;
+  g.head_dim = c.head_dim;
+  g.k_format = kv_format_from_string(opt.kv_k);
+  g.v_format = kv_format_from_string(opt.kv_v);
+  g.block_tokens = opt.block_tokens;
+  kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes);
+  pool_ = std::make_unique<ThreadPool>(opt.threads);
+}
+
+Engine::~Engine() = default;
+
+Engine::Sequence& Engine::get(int id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw std::out_of_range("no sequence with id " + std::to_string(id));
+  return it->second;
+}
+
+const Engine::Sequence& Engine::get(int id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw std::out_of_range("no sequence with id " + std::to_string(id));
+  return it->second;
+}
+
+void Engine::check_tokens(const std::vector<int32_t>& tokens) const {
+  const int nv = model_->config().n_vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= nv) {
+      throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(nv) + ")");
+    }
+  }
+}
+
+static void check_sampling(const SamplingParams& sp) {
+  if (!std::isfinite(sp.temperature) || sp.temperature < 0.0f) {
+    throw std::invalid_argument("temperature must be finite and >= 0");
+  }
+  if (sp.top_k < 0) throw std::invalid_argument("top_k must be >= 0 (0 disables it)");
+  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f)) throw std::invalid_argument("top_p must be in (0, 1]");
+  if (!(sp.repetition_penalty > 0.0f) || !std::isfinite(sp.repetition_penalty)) {
+    throw std::invalid_argument("repetition_penalty must be positive and finite");
+  }
+  if (sp.repeat_last_n < 0) throw std::invalid_argument("repeat_last_n must be >= 0");
+  if (sp.max_new_tokens < -1) throw std::invalid_argument("max_new_tokens must be >= 0, or -1 for no limit");
+}
+
+int Engine::add_sequence(const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_tokens(tokens);
+  check_sampling(sp);
+  const int n_ctx = model_->config().n_ctx_train;
+  if (static_cast<int64_t>(tokens.size()) > n_ctx) {
+    throw std::invalid_argument("prompt of " + std::to_string(tokens.size()) + " tokens exceeds the model's " +
+                                std::to_string(n_ctx) + "-token context; shorten it");
+  }
+  if (generate && tokens.empty()) {
+    throw std::invalid_argument("a generating sequence needs at least one prompt token");
+  }
+  Sequence s;
+  s.id = next_id_++;
+  s.tokens = tokens;
+  s.sp = sp;
+  s.rng.seed(sp.seed);
+  s.generating = generate;
+  const int id = s.id;
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+void Engine::append(int id, const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  check_tokens(tokens);
+  check_sampling(sp);
+  const int n_ctx = model_->config().n_ctx_train;
+  if (static_cast<int64_t>(s.tokens.size() + tokens.size()) > n_ctx) {
+    throw std::invalid_argument("sequence " + std::to_string(id) + " would hold " +
+                                std::to_string(s.tokens.size() + tokens.size()) + " tokens, more than the model's " +
+                                std::to_string(n_ctx) + "-token context");
+  }
+  if (generate && s.tokens.size() + tokens.size() == 0) {
+    throw std::invalid_argument("a generating sequence needs at least one token");
+  }
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  s.sp = sp;
+  s.rng.seed(sp.seed);
+  s.generating = generate;
+  s.generated = 0;
+  s.finish_reason.clear();
+}
+
+void Engine::finish(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  if (s.generating) {
+    s.generating = false;
+    s.finish_reason = "finished";
+  }
+}
+
+void Engine::free(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  for (int b : s.blocks) kv_->release(b);
+  seqs_.erase(id);
+}
+
+bool Engine::ensure_blocks(Sequence& s, int n) {
+  const int bt = kv_->geometry().block_tokens;
+  const size_t need = static_cast<size_t>((n + bt - 1) / bt);
+  if (need <= s.blocks.size()) return true;
+  if (need - s.blocks.size() > kv_->max_blocks() - kv_->blocks_in_use()) return false;
+  while (s.blocks.size() < need) s.blocks.push_back(kv_->acquire());
+  return true;
+}
+
+bool Engine::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, s] : seqs_) {
+    if (s.finish_reason == "kv_budget") continue;
+    if (s.generating || s.n_past < static_cast<int>(s.tokens.size())) return true;
+  }
+  return false;
+}
+
+std::vector<std::pair<int, int32_t>> Engine::step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int n_ctx = model_->config().n_ctx_train;
+  struct Planned {
+    Sequence* s;
+    int take;
+    bool sample;
+  };
+  std::vector<Planned> plan;
+  int budget = opt_.max_batch_tokens;
+  // Decode tokens first (one per generating sequence), then prefill chunks in id order.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& [id, s] : seqs_) {
+      if (s.finish_reason == "kv_budget") continue;  // stalled until appended to or freed
+      const int pending = static_cast<int>(s.tokens.size()) - s.n_past;
+      const bool is_decode = s.generating && pending == 1;
+      if (pending <= 0 || (pass == 0) != is_decode) continue;
+      const int take = pass == 0 ? 1 : std::min(pending, budget);
+      if (take <= 0) break;
+      if (!ensure_blocks(s, s.n_past + take)) {
+        s.generating = false;
+        s.finish_reason = "kv_budget";
+        continue;
+      }
+      budget -= take;
+      plan.push_back({&s, take, s.generating && take == pending});
+    }
+  }
+  std::vector<std::pair<int, int32_t>> out;
+  if (plan.empty()) return out;
+
+  std::vector<BatchItem> items;
+  items.reserve(plan.size());
+  for (const Planned& p : plan) {
+    BatchItem it;
+    it.tokens = p.s->tokens.data() + p.s->n_past;
+    it.n = p.take;
+    it.pos0 = p.s->n_past;
+    it.blocks = &p.s->blocks;
+    it.logits_from = p.sample ? p.take - 1 : p.take;
+    items.push_back(it);
+  }
+  model_->forward(items, *kv_, *pool_, *kern_, ws_, logits_);
+
+  const int nv = model_->config().n_vocab;
+  int r = 0;
+  for (const Planned& p : plan) {
+    Sequence& s = *p.s;
+    s.n_past += p.take;
+    if (!p.sample) continue;
+    const int32_t tok = sample(s, logits_.data() + static_cast<size_t>(r) * nv);
+    ++r;
+    s.tokens.push_back(tok);
+    ++s.generated;
+    out.emplace_back(s.id, tok);
+    if (std::find(s.sp.stop_tokens.begin(), s.sp.stop_tokens.end(), tok) != s.sp.stop_tokens.end()) {
+      s.generating = false;
+      s.finish_reason = "stop_token";
+    } else if (s.sp.max_new_tokens >= 0 && s.generated >= s.sp.max_new_tokens) {
+      s.generating = false;
+      s.finish_reason = "max_tokens";
+    } else if (static_cast<int>(s.tokens.size()) >= n_ctx) {
+      s.generating = false;
+      s.finish_reason = "context";
+    }
+  }
+  return out;
+}
+
+std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  check_tokens(tokens);
+  const int n_ctx = model_->config().n_ctx_train;
+  if (static_cast<int64_t>(s.tokens.size() + tokens.size()) > n_ctx) {
+    throw std::invalid_argument("scoring would take sequence " + std::to_string(id) + " past the model's " +
+                                std::to_string(n_ctx) + "-token context");
+  }
+  const size_t old_size = s.tokens.size();
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  if (!ensure_blocks(s, static_cast<int>(s.tokens.size()))) {
+    s.tokens.resize(old_size);
+    throw KvBudgetError("KV budget exhausted while scoring sequence " + std::to_string(id) +
+                        "; free sequences or raise kv_budget_bytes");
+  }
+  s.generating = false;
+  const int nv = model_->config().n_vocab;
+  std::vector<float> all;
+  all.reserve((s.tokens.size() - s.n_past) * static_cast<size_t>(nv));
+  while (s.n_past < static_cast<int>(s.tokens.size())) {
+    const int take = std::min(opt_.max_batch_tokens, static_cast<int>(s.tokens.size()) - s.n_past);
+    BatchItem it;
+    it.tokens = s.tokens.data() + s.n_past;
+    it.n = take;
+    it.pos0 = s.n_past;
+    it.blocks = &s.blocks;
+    it.logits_from = 0;
+    model_->forward({it}, *kv_, *pool_, *kern_, ws_, logits_);
+    all.insert(all.end(), logits_.begin(), logits_.begin() + static_cast<size_t>(take) * nv);
+    s.n_past += take;
+  }
+  return all;
+}
+
+int32_t Engine::sample(Sequence& s, const float* logits_in) {
+  const int nv = model_->config().n_vocab;
+  const SamplingParams& sp = s.sp;
+  std::vector<float> l(logits_in, logits_in + nv);
+  if (sp.repetition_penalty != 1.0f && sp.repeat_last_n > 0) {
+    // llama.cpp's rule: divide positive logits, multiply negative ones, once per distinct token.
+    std::unordered_set<int32_t> seen;
+    const size_t n = s.tokens.size();
+    const size_t from = n > static_cast<size_t>(sp.repeat_last_n) ? n - sp.repeat_last_n : 0;
+    for (size_t i = from; i < n; ++i) {
+      const int32_t t = s.tokens[i];
+      if (!seen.insert(t).second) continue;
+      l[t] = l[t] > 0.0f ? l[t] / sp.repetition_penalty : l[t] * sp.repetition_penalty;
+    }
+  }
+  if (sp.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());  // first max on ties
+  }
+  std::vector<int32_t> cand(nv);
+  std::iota(cand.begin(), cand.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+  if (sp.top_k > 0 && sp.top_k < nv) {
+    std::partial_sort(cand.begin(), cand.begin() + sp.top_k, cand.end(), by_logit);
+    cand.resize(sp.top_k);
+  } else {
+    std::sort(cand.begin(), cand.end(), by_logit);
+  }
+  std::vector<double> p(cand.size());
+  const double mx = l[cand[0]];
+  double sum = 0.0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    p[i] = std::exp((l[cand[i]] - mx) / sp.temperature);
+    sum += p[i];
+  }
+  size_t keep = cand.size();
+  if (sp.top_p < 1.0f) {
+    double cum = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      cum += p[i] / sum;
+      if (cum >= sp.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += p[i];
+  const double u = std::uniform_real_distribution<double>(0.0, kept)(s.rng);
+  double acc = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return cand[i];
+  }
+  return cand[keep - 1];
+}
+
+SequenceInfo Engine::info(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence& s = get(id);
+  SequenceInfo i;
+  i.id = s.id;
+  i.n_tokens = static_cast<int>(s.tokens.size());
+  i.n_past = s.n_past;
+  i.generating = s.generating;
+  i.generated = s.generated;
+  i.finish_reason = s.finish_reason;
+  return i;
+}
+
+std::vector<int> Engine::sequence_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  return ids;
+}
+
+std::vector<int32_t> Engine::tokens(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return get(id).tokens;
+}
+
+MemoryStats Engine::memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  MemoryStats m;
+  m.bytes_per_token = kv_->bytes_per_token();
+  m.block_bytes = kv_->block_bytes();
+  m.block_tokens = kv_->geometry().block_tokens;
+  m.budget_bytes = kv_->budget_bytes();
+  m.blocks_in_use = kv_->blocks_in_use();
+  m.bytes_reserved = kv_->blocks_in_use() * kv_->block_bytes();
+  m.bytes_allocated = kv_->blocks_allocated() * kv_->block_bytes();
+  for (const auto& [id, s] : seqs_) m.bytes_used += static_cast<size_t>(s.n_past) * kv_->bytes_per_token();
+  m.weight_bytes = model_->weight_bytes();
+  size_t scratch = logits_.capacity() * sizeof(float);
+  for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
+    scratch += v->capacity() * sizeof(float);
+  }
+  for (const auto& v : ws_.thread_scratch) scratch += v.capacity() * sizeof(float);
+  m.scratch_bytes = scratch;
+  m.sequences = static_cast<int>(seqs_.size());
+  return m;
+}
+
+}  // namespace kvs

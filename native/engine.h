@@ -1,0 +1,132 @@
+// Sequences, chunked prefill, batched decode steps and sampling over one Model
+// and one KV pool. Thread-safe: every public call takes the engine's mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kv_cache.h"
+#include "model.h"
+#include "threadpool.h"
+
+namespace kvs {
+
+struct EngineOptions {
+  std::string model_path;
+  std::string kv_k = "f16";
+  std::string kv_v = "f16";
+  size_t kv_budget_bytes = 0;  // 0: no budget
+  int threads = 2;
+  int block_tokens = 16;       // positions per KV block
+  int max_batch_tokens = 256;  // tokens (decode + prefill chunks) per step
+  std::string isa;             // "" = best available (or $KVSWARM_ISA)
+};
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float repetition_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;    // window for the repetition penalty
+  uint64_t seed = 0;
+  int max_new_tokens = -1;   // per turn; -1: until a stop token or the context ends
+  std::vector<int32_t> stop_tokens;  // end the turn when sampled (the token is kept)
+};
+
+struct MemoryStats {
+  size_t bytes_per_token = 0;
+  size_t block_bytes = 0;
+  int block_tokens = 0;
+  size_t budget_bytes = 0;
+  size_t bytes_reserved = 0;   // blocks held by sequences x block bytes
+  size_t bytes_used = 0;       // positions stored x bytes per token
+  size_t bytes_allocated = 0;  // blocks ever allocated (held + free list) x block bytes
+  size_t blocks_in_use = 0;
+  size_t weight_bytes = 0;
+  size_t scratch_bytes = 0;    // activations, logits and per-thread scratch
+  int sequences = 0;
+};
+
+struct SequenceInfo {
+  int id = 0;
+  int n_tokens = 0;   // history length
+  int n_past = 0;     // positions with KV
+  bool generating = false;
+  int generated = 0;  // tokens sampled this turn
+  std::string finish_reason;  // "", "stop_token", "max_tokens", "context", "kv_budget", "finished"
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& opt);
+  ~Engine();
+
+  const ModelConfig& config() const { return model_->config(); }
+  const Model& model() const { return *model_; }
+  std::string isa() const { return kern_->name; }
+  const EngineOptions& options() const { return opt_; }
+
+  // New sequence with its first tokens queued for prefill. When `generate`, it
+  // samples after the prefill and each step until a stop condition.
+  int add_sequence(const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate);
+  // Queues a new turn (KV of the history is kept) and (re)starts generation.
+  void append(int id, const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate);
+  // Stops generating (KV kept); the sequence can be extended later.
+  void finish(int id);
+  void free(int id);
+
+  // One step: every generating sequence with a sampled token advances by one
+  // position; queued prompt tokens are prefilled in chunks within
+  // max_batch_tokens. Returns (id, sampled token) pairs in sequence id order.
+  std::vector<std::pair<int, int32_t>> step();
+  // True while some sequence has queued tokens or is generating.
+  bool busy() const;
+
+  // Feeds the sequence's queued tokens followed by `tokens` and returns the
+  // logits after each of them: (n_queued + tokens.size(), n_vocab), row-major.
+  std::vector<float> score(int id, const std::vector<int32_t>& tokens);
+
+  SequenceInfo info(int id) const;
+  std::vector<int> sequence_ids() const;
+  std::vector<int32_t> tokens(int id) const;
+  MemoryStats memory() const;
+
+ private:
+  struct Sequence {
+    int id = 0;
+    std::vector<int32_t> tokens;  // full history: prompt, turns and sampled tokens
+    int n_past = 0;               // tokens[0..n_past) have KV
+    std::vector<int> blocks;      // block table
+    SamplingParams sp;
+    std::mt19937_64 rng;
+    bool generating = false;
+    int generated = 0;
+    std::string finish_reason;
+  };
+
+  Sequence& get(int id);
+  const Sequence& get(int id) const;
+  void check_tokens(const std::vector<int32_t>& tokens) const;
+  // Grows the block table to cover n positions; false (blocks unchanged) if the budget is hit.
+  bool ensure_blocks(Sequence& s, int n);
+  int32_t sample(Sequence& s, const float* logits);
+
+  EngineOptions opt_;
+  const Kernels* kern_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<ThreadPool> pool_;
+  Workspace ws_;
+  std::vector<float> logits_;
+  std::map<int, Sequence> seqs_;  // {id: sequence}, ordered so steps are deterministic
+  int next_id_ = 1;
+  mutable std::mutex mu_;
+};
+
+}  // namespace kvs

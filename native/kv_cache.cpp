@@ -1,0 +1,57 @@
+#include "kv_cache.h"
+
+#include <cstdint>
+#include <string>
+
+namespace kvs {
+
+KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget_bytes) {
+  if (g.n_layer <= 0 || g.n_kv_head <= 0 || g.head_dim <= 0) {
+    throw std::invalid_argument("KvPool: layers, kv heads and head_dim must be positive");
+  }
+  if (g.block_tokens <= 0 || g.block_tokens > 4096) {
+    throw std::invalid_argument("block_tokens must be between 1 and 4096, got " + std::to_string(g.block_tokens));
+  }
+  k_row_ = kv_row_bytes(g.k_format, g.head_dim);
+  v_row_ = kv_row_bytes(g.v_format, g.head_dim);
+  k_part_ = static_cast<size_t>(g.block_tokens) * g.n_kv_head * k_row_;
+  layer_bytes_ = k_part_ + static_cast<size_t>(g.block_tokens) * g.n_kv_head * v_row_;
+  bytes_per_token_ = static_cast<size_t>(g.n_layer) * g.n_kv_head * (k_row_ + v_row_);
+  block_bytes_ = bytes_per_token_ * g.block_tokens;
+  if (budget_ != 0 && budget_ < block_bytes_) {
+    throw KvBudgetError("KV budget of " + std::to_string(budget_) + " bytes is smaller than one block (" +
+                        std::to_string(block_bytes_) + " bytes = " + std::to_string(g.block_tokens) +
+                        " tokens x " + std::to_string(bytes_per_token_) +
+                        " bytes per token); raise kv_budget_bytes or choose a narrower KV format");
+  }
+}
+
+size_t KvPool::max_blocks() const { return budget_ == 0 ? SIZE_MAX : budget_ / block_bytes_; }
+
+int KvPool::acquire() {
+  if (in_use_ + 1 > max_blocks()) {
+    throw KvBudgetError("KV budget exhausted: " + std::to_string(in_use_) + " blocks of " +
+                        std::to_string(block_bytes_) + " bytes in use, budget " + std::to_string(budget_) +
+                        " bytes; free a sequence, raise kv_budget_bytes or choose a narrower KV format");
+  }
+  int id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    blocks_.emplace_back(new uint8_t[block_bytes_]());
+    id = static_cast<int>(blocks_.size() - 1);
+  }
+  ++in_use_;
+  return id;
+}
+
+void KvPool::release(int block) {
+  if (block < 0 || static_cast<size_t>(block) >= blocks_.size()) {
+    throw std::invalid_argument("KvPool::release: bad block id " + std::to_string(block));
+  }
+  free_.push_back(block);
+  --in_use_;
+}
+
+}  // namespace kvs

@@ -1,0 +1,79 @@
+// Paged KV cache: a pool of fixed-size blocks and per-sequence block tables.
+//
+// One block holds block_tokens consecutive positions of one sequence for every
+// layer, K and V. Byte layout of a block:
+//   [layer][K | V][slot (block_tokens)][kv_head] rows of kv_row_bytes(format, head_dim)
+// NOTE: block tables are append-only while a sequence lives; blocks return to
+// the pool's free list when the sequence is freed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "kv_format.h"
+
+namespace kvs {
+
+struct KvGeometry {
+  int n_layer = 0;
+  int n_kv_head = 0;
+  int head_dim = 0;
+  KvFormat k_format = KvFormat::F16;
+  KvFormat v_format = KvFormat::F16;
+  int block_tokens = 16;
+};
+
+// Raised when a block would take the pool past its byte budget.
+class KvBudgetError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class KvPool {
+ public:
+  // budget_bytes == 0 means no budget.
+  KvPool(const KvGeometry& g, size_t budget_bytes);
+
+  const KvGeometry& geometry() const { return g_; }
+  size_t k_row_bytes() const { return k_row_; }
+  size_t v_row_bytes() const { return v_row_; }
+  // n_layer * n_kv_head * (k_row + v_row)
+  size_t bytes_per_token() const { return bytes_per_token_; }
+  // block_tokens * bytes_per_token
+  size_t block_bytes() const { return block_bytes_; }
+  size_t budget_bytes() const { return budget_; }
+  // Blocks that fit the budget (SIZE_MAX without one).
+  size_t max_blocks() const;
+
+  // Takes a block from the free list or allocates one; throws KvBudgetError past the budget.
+  int acquire();
+  void release(int block);
+
+  size_t blocks_in_use() const { return in_use_; }
+  size_t blocks_allocated() const { return blocks_.size(); }
+
+  uint8_t* k_row(int block, int layer, int slot, int head) const {
+    return blocks_[block].get() + layer * layer_bytes_ + (static_cast<size_t>(slot) * g_.n_kv_head + head) * k_row_;
+  }
+  uint8_t* v_row(int block, int layer, int slot, int head) const {
+    return blocks_[block].get() + layer * layer_bytes_ + k_part_ +
+           (static_cast<size_t>(slot) * g_.n_kv_head + head) * v_row_;
+  }
+
+ private:
+  KvGeometry g_;
+  size_t budget_;
+  size_t k_row_, v_row_;
+  size_t k_part_;       // bytes of the K part of one layer in a block
+  size_t layer_bytes_;  // bytes of one layer (K and V) in a block
+  size_t bytes_per_token_;
+  size_t block_bytes_;
+  std::vector<std::unique_ptr<uint8_t[]>> blocks_;  // every block ever allocated
+  std::vector<int> free_;                           // ids of blocks not held by a sequence
+  size_t in_use_ = 0;
+};
+
+}  // namespace kvs

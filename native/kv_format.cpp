@@ -1,0 +1,110 @@
+#include "kv_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "quant.h"
+
+namespace kvs {
+
+KvFormat kv_format_from_string(const std::string& name) {
+  if (name == "f32") return KvFormat::F32;
+  if (name == "f16") return KvFormat::F16;
+  if (name == "q8_0") return KvFormat::Q8_0;
+  if (name == "q8_head") return KvFormat::Q8_HEAD;
+  if (name == "q4_0") return KvFormat::Q4_0;
+  throw std::invalid_argument("unknown KV format '" + name +
+                              "': expected one of f32, f16, q8_0, q8_head, q4_0");
+}
+
+const char* kv_format_name(KvFormat f) {
+  switch (f) {
+    case KvFormat::F32: return "f32";
+    case KvFormat::F16: return "f16";
+    case KvFormat::Q8_0: return "q8_0";
+    case KvFormat::Q8_HEAD: return "q8_head";
+    case KvFormat::Q4_0: return "q4_0";
+  }
+  return "?";
+}
+
+size_t kv_row_bytes(KvFormat f, int head_dim) {
+  if (head_dim <= 0) throw std::invalid_argument("kv_row_bytes: head_dim must be positive");
+  const bool blocked = f == KvFormat::Q8_0 || f == KvFormat::Q4_0;
+  if (blocked && head_dim % kQK != 0) {
+    throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) +
+                                " needs head_dim to be a multiple of 32, got " +
+                                std::to_string(head_dim) + "; use f16, f32 or q8_head");
+  }
+  const size_t n = static_cast<size_t>(head_dim);
+  switch (f) {
+    case KvFormat::F32: return 4 * n;
+    case KvFormat::F16: return 2 * n;
+    case KvFormat::Q8_0: return n / kQK * sizeof(BlockQ8_0);
+    case KvFormat::Q8_HEAD: return sizeof(float) + n;
+    case KvFormat::Q4_0: return n / kQK * sizeof(BlockQ4_0);
+  }
+  throw std::invalid_argument("kv_row_bytes: bad format");
+}
+
+static void store_q8_0(const float* x, BlockQ8_0* out, int n) {
+  for (int b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = fp32_to_fp16(d);
+    for (int i = 0; i < kQK; ++i) out[b].qs[i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+  }
+}
+
+static void store_q4_0(const float* x, BlockQ4_0* out, int n) {
+  for (int b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    // Signed value of largest magnitude maps to -8, so the grid spans [-8d, 7d].
+    float amax = 0.0f, vmax = 0.0f;
+    for (int i = 0; i < kQK; ++i) {
+      if (std::fabs(xb[i]) > amax) {
+        amax = std::fabs(xb[i]);
+        vmax = xb[i];
+      }
+    }
+    const float d = vmax / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = fp32_to_fp16(d);
+    for (int i = 0; i < kQK / 2; ++i) {
+      const int lo = std::min(15, static_cast<int>(xb[i] * id + 8.5f));
+      const int hi = std::min(15, static_cast<int>(xb[i + kQK / 2] * id + 8.5f));
+      out[b].qs[i] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+static void store_q8_head(const float* x, uint8_t* out, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float s = amax / 127.0f;
+  const float is = s != 0.0f ? 1.0f / s : 0.0f;
+  std::memcpy(out, &s, sizeof(float));
+  auto* q = reinterpret_cast<int8_t*>(out + sizeof(float));
+  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * is));
+}
+
+void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim) {
+  switch (f) {
+    case KvFormat::F32: std::memcpy(dst, src, sizeof(float) * head_dim); return;
+    case KvFormat::F16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int i = 0; i < head_dim; ++i) h[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case KvFormat::Q8_0: store_q8_0(src, static_cast<BlockQ8_0*>(dst), head_dim); return;
+    case KvFormat::Q8_HEAD: store_q8_head(src, static_cast<uint8_t*>(dst), head_dim); return;
+    case KvFormat::Q4_0: store_q4_0(src, static_cast<BlockQ4_0*>(dst), head_dim); return;
+  }
+}
+
+}  // namespace kvs
