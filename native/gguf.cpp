@@ -196,11 +196,12 @@ GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_unique
   }
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
-  if (n_tensors > kMaxTensors || n_tensors > c.left() / 24) {  // name len + ndims + type + offset
-    c.fail("absurd tensor count " + std::to_string(n_tensors));
-  }
-  if (n_kv > kMaxMetadata || n_kv > c.left() / 12) {
-    c.fail("absurd metadata count " + std::to_string(n_kv));
+  if (n_tensors > kMaxTensors) c.fail("absurd tensor count " + std::to_string(n_tensors));
+  if (n_kv > kMaxMetadata) c.fail("absurd metadata count " + std::to_string(n_kv));
+  // Each tensor entry takes at least 24 bytes (name length, dims, type, offset), each metadata entry 12.
+  if (n_tensors > c.left() / 24 || n_kv > c.left() / 12) {
+    c.fail("file truncated: " + std::to_string(n_tensors) + " tensors and " + std::to_string(n_kv) +
+           " metadata entries cannot fit in the " + std::to_string(c.left()) + " bytes left");
   }
 
   meta_.reserve(n_kv);

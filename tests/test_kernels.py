@@ -1,0 +1,106 @@
+"""Every ISA level's kernels against the scalar reference and against numpy /
+gguf-py (an independent implementation of the ggml block layouts)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import refmodel
+from conftest import ISA_LEVELS
+from gguf.quants import dequantize, quantize
+
+from worker import _native
+
+# Relative limit for a float32 dot product of n terms against float64.
+DOT_REL_LIMIT = 1e-5
+# Dequantization is exact arithmetic on small integers times an f16 scale (one
+# float32 multiply, or a fused multiply-add for Q4_1), so levels agree to float32 rounding.
+DEQUANT_LIMIT = 1e-6
+
+QTYPES = {
+    "F32": gguf.GGMLQuantizationType.F32,
+    "F16": gguf.GGMLQuantizationType.F16,
+    "BF16": gguf.GGMLQuantizationType.BF16,
+    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "Q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+}
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("n", [1, 7, 31, 64, 577])
+def test_dot(isa: str, n: int) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    want = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
+    got = _native._kernel_dot(isa, a, b)
+    scale = float(np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert abs(got - want) <= DOT_REL_LIMIT * scale
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("wt", list(QTYPES))
+def test_dequant_matches_gguf_py(isa: str, wt: str) -> None:
+    # 96 elements = 3 blocks for the quantized types; 101 (odd) for the plain ones.
+    n = 96 if wt.startswith("Q") else 101
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(n) * 2.0).astype(np.float32)
+    raw = quantize(x.reshape(1, n), QTYPES[wt])
+    want = dequantize(raw, QTYPES[wt]).reshape(n).astype(np.float64)
+    got = _native._kernel_dequant(isa, wt, raw.tobytes(), n).astype(np.float64)
+    assert np.abs(got - want).max() <= DEQUANT_LIMIT * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_kv_blocks_are_ggml_layout(isa: str, fmt: str) -> None:
+    """Stored q8_0 / q4_0 KV rows are byte-identical to gguf-py's ggml blocks."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(64).astype(np.float32)
+    qtype = QTYPES[fmt.upper()]
+    values, raw = _native._kv_roundtrip(isa, fmt, x)
+    assert raw == quantize(x.reshape(1, 64), qtype).tobytes()
+    np.testing.assert_allclose(values, dequantize(np.frombuffer(raw, np.uint8).reshape(1, -1), qtype).ravel(),
+                               rtol=0, atol=DEQUANT_LIMIT * 4)
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("fmt", ["f32", "f16", "q8_0", "q8_head", "q4_0"])
+def test_kv_roundtrip_matches_numpy_emulation(isa: str, fmt: str) -> None:
+    emulate = {"f32": lambda v: v, "f16": refmodel.rt_f16, "q8_0": refmodel.rt_q8_0,
+               "q8_head": refmodel.rt_q8_head, "q4_0": refmodel.rt_q4_0}[fmt]
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        x = (rng.standard_normal(64) * rng.uniform(0.01, 10)).astype(np.float32)
+        got, raw = _native._kv_roundtrip(isa, fmt, x)
+        assert len(raw) == _native.kv_row_bytes(fmt, 64)
+        want = emulate(x.astype(np.float64))
+        step = np.abs(x).max() / (7 if fmt == "q4_0" else 127)
+        # At most one quantization step apart (a rounding tie may go either way), usually equal.
+        assert np.abs(got - want).max() <= step * 1.01 + 1e-6
+        assert np.mean(np.abs(got - want) < 1e-5 * max(1.0, np.abs(x).max())) > 0.95
+
+
+def test_f16_conversion_exact_on_special_values() -> None:
+    x = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 6.1e-5, 5.96e-8, 1e-9, 70000.0, np.inf, -np.inf],
+                 dtype=np.float32)
+    x = np.concatenate([x, np.zeros(64 - len(x), np.float32)])
+    got, _ = _native._kv_roundtrip("ref", "f16", x)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    nan_row = np.full(64, np.nan, np.float32)
+    assert np.isnan(_native._kv_roundtrip("ref", "f16", nan_row)[0]).all()
+
+
+def test_blocked_kv_formats_reject_odd_head_dim() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _native.kv_row_bytes("q4_0", 48)
+    assert _native.kv_row_bytes("q8_head", 48) == 48 + 4
+
+
+def test_unknown_isa_level_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="not available"):
+        _native._kernel_dot("sve9", np.zeros(4, np.float32), np.zeros(4, np.float32))

@@ -1,0 +1,271 @@
+"""Python face of the native engine: sequences, steps, text generation.
+
+This module (with the rest of `worker/`) is the only place that imports the
+compiled `worker._native` module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker import _native
+from worker.models import resolve_model
+from worker.tokenizer import Tokenizer
+
+KV_FORMATS = ("f32", "f16", "q8_0", "q8_head", "q4_0")
+KvBudgetError = _native.KvBudgetError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a sequence picks its next token. temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    repetition_penalty: float = 1.0  # 1: off
+    repeat_last_n: int = 64
+    seed: int = 0
+    max_new_tokens: int = -1  # per turn; -1: until a stop token or the context ends
+    stop_tokens: tuple[int, ...] = ()
+
+    def native(self) -> Any:
+        return _native.SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            repeat_last_n=self.repeat_last_n,
+            seed=self.seed,
+            max_new_tokens=self.max_new_tokens,
+            stop_tokens=list(self.stop_tokens),
+        )
+
+
+@dataclass
+class Completion:
+    """The result of one `Engine.generate` call."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop_token", "stop_string", "max_tokens", "context", "kv_budget"
+    prefill_s: float
+    decode_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first token comes out of the prefill; the rest are decode steps.
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+class Engine:
+    """One model, one paged KV pool, many sequences.
+
+    Low-level: `add_sequence`, `append`, `step`, `finish`, `free`, `score`, `memory`.
+    High-level: `generate` / `stream` for one prompt (text or token ids).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        kv_k: str = "f16",
+        kv_v: str = "f16",
+        kv_budget_bytes: int = 0,
+        threads: int = 2,
+        block_tokens: int = 16,
+        max_batch_tokens: int = 256,
+        isa: str = "",
+    ) -> None:
+        for name, fmt in (("kv_k", kv_k), ("kv_v", kv_v)):
+            if fmt not in KV_FORMATS:
+                raise ValueError(f"{name}: unknown KV format '{fmt}'. To fix: use one of {', '.join(KV_FORMATS)}")
+        if kv_budget_bytes < 0:
+            raise ValueError("kv_budget_bytes must be >= 0 (0 means no budget)")
+        self.model_path = resolve_model(model)
+        self.kv_k, self.kv_v = kv_k, kv_v
+        self._native = _native.Engine(
+            str(self.model_path),
+            kv_k=kv_k,
+            kv_v=kv_v,
+            kv_budget_bytes=kv_budget_bytes,
+            threads=threads,
+            block_tokens=block_tokens,
+            max_batch_tokens=max_batch_tokens,
+            isa=isa,
+        )
+        self.config: dict[str, Any] = dict(self._native.config)
+        self._tokenizer: Tokenizer | None = None
+
+    # -- model facts ---------------------------------------------------------
+    @property
+    def isa(self) -> str:
+        return str(self._native.isa)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            meta = _native.read_gguf(str(self.model_path))["metadata"]
+            self._tokenizer = Tokenizer.from_gguf_metadata(meta)
+        return self._tokenizer
+
+    # -- low level -----------------------------------------------------------
+    def add_sequence(self, tokens: Sequence[int], sampling: Sampling | None = None, generate: bool = True) -> int:
+        return int(self._native.add_sequence(list(tokens), (sampling or Sampling()).native(), generate))
+
+    def append(
+        self, seq_id: int, tokens: Sequence[int], sampling: Sampling | None = None, generate: bool = True
+    ) -> None:
+        self._native.append(seq_id, list(tokens), (sampling or Sampling()).native(), generate)
+
+    def step(self) -> dict[int, int]:
+        """Advance every active sequence by one token: {sequence id: sampled token}."""
+        return dict(self._native.step())
+
+    def busy(self) -> bool:
+        return bool(self._native.busy())
+
+    def finish(self, seq_id: int) -> None:
+        self._native.finish(seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self._native.free(seq_id)
+
+    def score(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits (n, vocab) after each of the sequence's queued tokens and `tokens`."""
+        return np.asarray(self._native.score(seq_id, list(tokens)))
+
+    def info(self, seq_id: int) -> dict[str, Any]:
+        return dict(self._native.info(seq_id))
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return list(self._native.tokens(seq_id))
+
+    def memory(self) -> dict[str, int]:
+        return dict(self._native.memory())
+
+    # -- text ----------------------------------------------------------------
+    def encode_prompt(self, prompt: str | Sequence[int], *, chat: bool = False, system: str | None = None) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            return self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+        return self.tokenizer.encode(prompt)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 128,
+        sampling: Sampling | None = None,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+        system: str | None = None,
+        stop_at_eos: bool = True,
+    ) -> Iterator[tuple[int, str]]:
+        """Yields (token id, text piece) as tokens are made; returns the Completion."""
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        prompt_ids = self.encode_prompt(prompt, chat=chat, system=system)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty. To fix: give at least one token of text")
+        base = sampling or Sampling()
+        stop_tokens = tuple(base.stop_tokens)
+        if stop_at_eos:
+            stop_tokens += tuple(sorted(self.tokenizer.eot_ids))
+        sp = Sampling(**{**base.__dict__, "max_new_tokens": max_tokens, "stop_tokens": stop_tokens})
+        decoder = self.tokenizer.stream_decoder(skip_special=True)
+        t0 = time.perf_counter()
+        seq = self.add_sequence(prompt_ids, sp, generate=max_tokens > 0)
+        out: list[int] = []
+        text = ""
+        reason = "max_tokens"
+        t_first = t0
+        emitted = 0  # characters of `text` already yielded; the rest may start a stop string
+        try:
+            while max_tokens > 0:
+                produced = self.step()
+                if seq in produced:
+                    tok = produced[seq]
+                    if not out:
+                        t_first = time.perf_counter()
+                    out.append(tok)
+                    text += decoder.push(tok)
+                    hit = _find_stop(text, stop)
+                    if hit is not None:
+                        text = text[:hit]
+                        if hit > emitted:
+                            yield tok, text[emitted:]
+                        emitted = hit
+                        reason = "stop_string"
+                        self.finish(seq)
+                        break
+                    safe = len(text) - _held_back(text, stop)
+                    yield tok, text[emitted:safe]
+                    emitted = safe
+                info = self.info(seq)
+                if not info["generating"]:
+                    reason = info["finish_reason"] or reason
+                    break
+            if reason != "stop_string":
+                text += decoder.flush()
+                if len(text) > emitted:
+                    yield (out[-1] if out else -1), text[emitted:]
+        finally:
+            self.free(seq)
+        t_end = time.perf_counter()
+        return Completion(
+            prompt_ids=prompt_ids,
+            token_ids=out,
+            text=text,
+            finish_reason=reason,
+            prefill_s=t_first - t0,
+            decode_s=t_end - t_first,
+        )
+
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
+        """Generate to completion; same arguments as `stream`."""
+        it = self.stream(prompt, **kwargs)
+        while True:
+            try:
+                next(it)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+
+def _find_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index of the earliest stop string in text, or None."""
+    hits = [i for s in stop if s and (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    best = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def isa_levels() -> list[str]:
+    return list(_native.isa_levels())
+
+
+def read_gguf(path: str | Path) -> dict[str, Any]:
+    """Parse and validate a GGUF file: version, alignment, metadata, tensor table."""
+    return dict(_native.read_gguf(str(path)))
