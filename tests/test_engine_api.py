@@ -1,0 +1,118 @@
+"""Text-level API and CLI on the real default model: streaming, stop strings,
+stop tokens, turns, bad requests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from worker.engine import Engine, Sampling
+
+
+@pytest.fixture(scope="module")
+def engine(default_model):  # type: ignore[no-untyped-def]
+    return Engine(default_model, kv_k="f16", kv_v="f16")
+
+
+def test_stream_pieces_join_to_text(engine: Engine) -> None:
+    it = engine.stream("Once upon a time, in a small village,", max_tokens=20)
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(it))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert "".join(p for _, p in pieces) == result.text
+    assert len(result.token_ids) == 20 and result.finish_reason == "max_tokens"
+    assert result.text == engine.tokenizer.decode(result.token_ids, skip_special=True)
+    assert engine.memory()["sequences"] == 0  # stream frees its sequence
+
+
+def test_stop_string_truncates_and_is_never_emitted(engine: Engine) -> None:
+    free = engine.generate("def fibonacci(n):", max_tokens=32)
+    # Pick a stop string from the middle of the free-running text, so it must be hit.
+    stop = free.text[10:14]
+    assert len(stop) == 4 and stop.strip()
+    it = engine.stream("def fibonacci(n):", max_tokens=32, stop=[stop])
+    emitted = ""
+    while True:
+        try:
+            emitted += next(it)[1]
+        except StopIteration as done:
+            result = done.value
+            break
+    assert result.finish_reason == "stop_string"
+    assert result.text == free.text[: free.text.index(stop)]
+    assert emitted == result.text
+
+
+def test_chat_template_and_end_of_turn(engine: Engine) -> None:
+    result = engine.generate("What is the capital of France?", chat=True, max_tokens=64)
+    assert result.finish_reason == "stop_token"
+    assert result.token_ids[-1] in engine.tokenizer.eot_ids
+    assert "Paris" in result.text
+    assert result.prompt_ids[:1] == [engine.tokenizer.token_id("<|im_start|>")]
+
+
+def test_bad_tokens_and_unknown_sequences(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_sequence([1, 2, 49152])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_sequence([-1])
+    with pytest.raises(KeyError, match="no sequence with id"):
+        engine.free(987654)
+    with pytest.raises(KeyError):
+        engine.append(987654, [1])
+    with pytest.raises(ValueError, match="8192-token context"):
+        engine.add_sequence([1] * 8193)
+    with pytest.raises(ValueError, match="unknown KV format"):
+        Engine(engine.model_path, kv_k="q3_7")
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.generate("")
+    assert engine.memory()["sequences"] == 0
+
+
+def test_context_limit_ends_generation(tiny_models) -> None:  # type: ignore[no-untyped-def]
+    # Tiny models have a 256-token context.
+    eng = Engine(tiny_models["F32"])
+    seq = eng.add_sequence(list(range(250)), Sampling(max_new_tokens=100))
+    made = 0
+    while eng.busy():
+        made += len(eng.step())
+    assert eng.info(seq)["finish_reason"] == "context"
+    assert len(eng.tokens(seq)) == 256 and made == 6
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_generate_json(engine: Engine) -> None:
+    proc = run_cli("generate", "--json", "--max-tokens", "12", "--kv-k", "q8_0", "--kv-v", "q4_0",
+                   "The capital of France is")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["prompt_ids"] == engine.tokenizer.encode("The capital of France is")
+    assert len(out["generated_ids"]) <= 12 and out["kv_k"] == "q8_0"
+    assert out["text"] == engine.tokenizer.decode(out["generated_ids"], skip_special=True)
+
+
+def test_cli_streams_text_and_reports_speed() -> None:
+    proc = run_cli("generate", "--max-tokens", "8", "The capital of France is")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "tokens/s" in proc.stderr
+
+
+def test_cli_bad_model_path_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc = run_cli("generate", "--model", str(tmp_path / "missing.gguf"), "hi")
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    proc = run_cli("generate", "--model", str(bad), "hi")
+    assert proc.returncode == 2 and "invalid GGUF file" in proc.stderr
