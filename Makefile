@@ -28,6 +28,7 @@ demo: build
 	$(VENV)/bin/swarm generate --chat --max-tokens 96 "Write a haiku about a swarm of small language models."
 
 test: build
+	$(VENV)/bin/ruff check swarm worker tests bench
 	$(PY) -m pytest -q
 
 lint: setup

@@ -118,22 +118,21 @@ def tiny_llama_weights(
     # informative without saturating the softmax.  All other projections use
     # std 1/sqrt(fan_in), which keeps the residual stream O(1) over the layers.
     w: dict[str, np.ndarray] = {}
-    w["token_embd.weight"] = rng.normal(
-        0.0, 2.5 / np.sqrt(n_embd), size=(vocab, n_embd)).astype(np.float32)   # (V, E)
+    w["token_embd.weight"] = rng.normal(0.0, 2.5 / np.sqrt(n_embd), size=(vocab, n_embd)).astype(np.float32)  # (V, E)
     for il in range(n_layer):
         p = f"blk.{il}."
-        w[p + "attn_norm.weight"] = norm_w(n_embd)                         # (E,)
-        w[p + "attn_q.weight"] = mat(n_head * head_dim, n_embd)            # (H*D, E)
-        w[p + "attn_k.weight"] = mat(n_head_kv * head_dim, n_embd)         # (Hkv*D, E)
-        w[p + "attn_v.weight"] = mat(n_head_kv * head_dim, n_embd)         # (Hkv*D, E)
-        w[p + "attn_output.weight"] = mat(n_embd, n_head * head_dim)       # (E, H*D)
-        w[p + "ffn_norm.weight"] = norm_w(n_embd)                          # (E,)
-        w[p + "ffn_gate.weight"] = mat(n_ff, n_embd)                       # (F, E)
-        w[p + "ffn_up.weight"] = mat(n_ff, n_embd)                         # (F, E)
-        w[p + "ffn_down.weight"] = mat(n_embd, n_ff)                       # (E, F)
-    w["output_norm.weight"] = norm_w(n_embd)                               # (E,)
+        w[p + "attn_norm.weight"] = norm_w(n_embd)  # (E,)
+        w[p + "attn_q.weight"] = mat(n_head * head_dim, n_embd)  # (H*D, E)
+        w[p + "attn_k.weight"] = mat(n_head_kv * head_dim, n_embd)  # (Hkv*D, E)
+        w[p + "attn_v.weight"] = mat(n_head_kv * head_dim, n_embd)  # (Hkv*D, E)
+        w[p + "attn_output.weight"] = mat(n_embd, n_head * head_dim)  # (E, H*D)
+        w[p + "ffn_norm.weight"] = norm_w(n_embd)  # (E,)
+        w[p + "ffn_gate.weight"] = mat(n_ff, n_embd)  # (F, E)
+        w[p + "ffn_up.weight"] = mat(n_ff, n_embd)  # (F, E)
+        w[p + "ffn_down.weight"] = mat(n_embd, n_ff)  # (E, F)
+    w["output_norm.weight"] = norm_w(n_embd)  # (E,)
     if not tied:
-        w["output.weight"] = mat(vocab, n_embd, gain=2.5)                  # (V, E)
+        w["output.weight"] = mat(vocab, n_embd, gain=2.5)  # (V, E)
     return w
 
 
@@ -178,8 +177,14 @@ def write_tiny_llama(
             raise ValueError(f"{name}={ne0} is not a multiple of the {weight_type} block size {block_size}")
 
     weights = tiny_llama_weights(
-        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-        n_ff=n_ff, vocab=vocab, tied=tied, seed=seed,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        vocab=vocab,
+        tied=tied,
+        seed=seed,
     )
 
     writer = gguf.GGUFWriter(str(path), arch)  # also writes general.architecture
@@ -250,14 +255,14 @@ class LayerWeights:
     """Dequantized float64 weights of one transformer block."""
 
     attn_norm: np.ndarray  # (E,)
-    wq: np.ndarray         # (H*D, E)
-    wk: np.ndarray         # (Hkv*D, E)
-    wv: np.ndarray         # (Hkv*D, E)
-    wo: np.ndarray         # (E, H*D)
-    ffn_norm: np.ndarray   # (E,)
-    w_gate: np.ndarray     # (F, E)
-    w_up: np.ndarray       # (F, E)
-    w_down: np.ndarray     # (E, F)
+    wq: np.ndarray  # (H*D, E)
+    wk: np.ndarray  # (Hkv*D, E)
+    wv: np.ndarray  # (Hkv*D, E)
+    wo: np.ndarray  # (E, H*D)
+    ffn_norm: np.ndarray  # (E,)
+    w_gate: np.ndarray  # (F, E)
+    w_up: np.ndarray  # (F, E)
+    w_down: np.ndarray  # (E, F)
 
 
 def load_reference(path: str | Path) -> RefModel:
@@ -292,9 +297,7 @@ def load_reference(path: str | Path) -> RefModel:
         "head_dim": head_dim,
         "n_rot": int(_field_value(reader, f"{arch}.rope.dimension_count", head_dim)),
         "n_ff": int(_field_value(reader, f"{arch}.feed_forward_length")),
-        "vocab": int(
-            _field_value(reader, f"{arch}.vocab_size", tensors["token_embd.weight"].shape[0])
-        ),
+        "vocab": int(_field_value(reader, f"{arch}.vocab_size", tensors["token_embd.weight"].shape[0])),
         "context_length": int(_field_value(reader, f"{arch}.context_length")),
         "rope_base": float(_field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
         "eps": float(_field_value(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
@@ -365,8 +368,7 @@ class RefModel:
         output:       (V, E) output projection (tok_embd itself when tied).
     """
 
-    def __init__(self, hparams: dict[str, Any], tensors: dict[str, np.ndarray],
-                 tensor_types: dict[str, str]) -> None:
+    def __init__(self, hparams: dict[str, Any], tensors: dict[str, np.ndarray], tensor_types: dict[str, str]) -> None:
         self.hparams = hparams
         self.tensors = tensors
         self.tensor_types = tensor_types
@@ -409,8 +411,9 @@ class RefModel:
             raise ValueError(f"token id out of range [0, {self.vocab})")
         return self.tok_embd[ids].copy()
 
-    def qkv(self, il: int, h: np.ndarray, pos: np.ndarray,
-            kv_roundtrip: KVRoundtrip | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def qkv(
+        self, il: int, h: np.ndarray, pos: np.ndarray, kv_roundtrip: KVRoundtrip | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Projections for block il from normed input h (T, E).
 
         Returns q (T, H, D) and k (T, Hkv, D) after RoPE, and v (T, Hkv, D); k and v
@@ -430,8 +433,7 @@ class RefModel:
             v = _per_vector(fv, v)
         return q, k, v
 
-    def attention(self, il: int, h: np.ndarray,
-                  kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def attention(self, il: int, h: np.ndarray, kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
         """Causal GQA self-attention of block il for a prompt at positions 0..T-1.
 
         h: (T, E) normed input.  Returns the concatenated head outputs (T, H*D),
@@ -458,8 +460,7 @@ class RefModel:
         lw = self.layers[il]
         return (silu(h @ lw.w_gate.T) * (h @ lw.w_up.T)) @ lw.w_down.T
 
-    def block(self, il: int, x: np.ndarray,
-              kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def block(self, il: int, x: np.ndarray, kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
         """One transformer block on the residual stream x (T, E) -> (T, E)."""
         lw = self.layers[il]
         h = rms_norm(x, lw.attn_norm, self.eps)
@@ -473,8 +474,7 @@ class RefModel:
 
     # -- full pass ------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int],
-                kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
         """Logits (T, V) float64 at every position of a prompt starting at position 0.
 
         kv_roundtrip = (fk, fv) transforms each token's post-RoPE K vector and its
@@ -512,12 +512,12 @@ def rt_f16(x: np.ndarray) -> np.ndarray:
 def rt_q8_0(x: np.ndarray) -> np.ndarray:
     """ggml Q8_0 round trip: per block of 32, d = amax/127, q = roundf(x/d), value = q*f16(d)."""
     shape = np.shape(x)
-    b = _blocks32(x)                                                     # (nb, 32) f32
+    b = _blocks32(x)  # (nb, 32) f32
     d = (np.abs(b).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)  # (nb, 1)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = np.clip(_round_half_away(b * inv), -128, 127)                    # int8 range
-    d16 = d.astype(np.float16).astype(np.float64)                        # scale as stored
+    q = np.clip(_round_half_away(b * inv), -128, 127)  # int8 range
+    d16 = d.astype(np.float16).astype(np.float64)  # scale as stored
     return (q.astype(np.float64) * d16).reshape(shape)
 
 
@@ -528,9 +528,9 @@ def rt_q4_0(x: np.ndarray) -> np.ndarray:
     q = clamp(trunc(x/d + 8.5), 0, 15); value = (q - 8) * f16(d).
     """
     shape = np.shape(x)
-    b = _blocks32(x)                                                     # (nb, 32) f32
+    b = _blocks32(x)  # (nb, 32) f32
     imax = np.abs(b).argmax(axis=1)[:, None]
-    mx = np.take_along_axis(b, imax, axis=1)                             # (nb, 1) signed
+    mx = np.take_along_axis(b, imax, axis=1)  # (nb, 1) signed
     d = (mx / np.float32(-8)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)

@@ -42,9 +42,16 @@ def test_batch_invariance_tiny(tiny_models, kv: str) -> None:  # type: ignore[no
 
 @pytest.mark.parametrize("kv", KV_FORMATS)
 def test_batch_invariance_default_model(default_model, kv: str) -> None:  # type: ignore[no-untyped-def]
-    prompts = [[504, 3575, 282, 4649, 314], [1604, 3987, 46477, 24, 94, 727], [17, 18, 19, 20, 21, 22, 23, 24]]
-    samplings = [Sampling(max_new_tokens=8), Sampling(max_new_tokens=8, temperature=0.8, seed=3, top_k=40),
-                 Sampling(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=5)]
+    prompts = [
+        [504, 3575, 282, 4649, 314],
+        [1604, 3987, 46477, 24, 94, 727],
+        [17, 18, 19, 20, 21, 22, 23, 24],
+    ]
+    samplings = [
+        Sampling(max_new_tokens=8),
+        Sampling(max_new_tokens=8, temperature=0.8, seed=3, top_k=40),
+        Sampling(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=5),
+    ]
     alone = [run_alone(default_model, kv, p, s) for p, s in zip(prompts, samplings, strict=True)]
     together = run_together(default_model, kv, prompts, samplings)
     assert together == alone
@@ -93,7 +100,7 @@ def test_new_turn_keeps_kv(tiny_models) -> None:  # type: ignore[no-untyped-def]
         turn2 += list(eng.step().values())
     history = eng.tokens(seq)
     fresh = Engine(path, kv_k="f16", kv_v="f16", threads=2)
-    s2 = fresh.add_sequence(history[: len(history) - 6], Sampling(max_new_tokens=6))
+    fresh.add_sequence(history[: len(history) - 6], Sampling(max_new_tokens=6))
     again = []
     while fresh.busy():
         again += list(fresh.step().values())

@@ -92,8 +92,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_generate_json(engine: Engine) -> None:
-    proc = run_cli("generate", "--json", "--max-tokens", "12", "--kv-k", "q8_0", "--kv-v", "q4_0",
-                   "The capital of France is")
+    proc = run_cli(
+        "generate",
+        "--json",
+        "--max-tokens",
+        "12",
+        "--kv-k",
+        "q8_0",
+        "--kv-v",
+        "q4_0",
+        "The capital of France is",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["prompt_ids"] == engine.tokenizer.encode("The capital of France is")

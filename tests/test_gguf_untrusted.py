@@ -31,8 +31,7 @@ print(json.dumps(results))
 
 
 def load_in_subprocess(*paths: Path) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", LOADER, *map(str, paths)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", LOADER, *map(str, paths)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"loader crashed (rc={proc.returncode}): {proc.stderr[-2000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -61,17 +60,27 @@ def variants(good: bytes) -> dict[str, tuple[bytes, str]]:
         "bad magic": (b"GGML" + good[4:], "bad magic"),
         "version 1": (good[:4] + struct.pack("<I", 1) + good[8:], "unsupported GGUF version 1"),
         "absurd tensor count": (good[:8] + struct.pack("<Q", 1 << 40) + good[16:], "absurd tensor count"),
-        "absurd metadata count": (good[:16] + struct.pack("<Q", 1 << 50) + good[24:], "absurd metadata count"),
+        "absurd metadata count": (
+            good[:16] + struct.pack("<Q", 1 << 50) + good[24:],
+            "absurd metadata count",
+        ),
         "truncated header": (good[:20], "truncated"),
         "truncated metadata": (good[:200], "truncated"),
         "truncated tensor data": (good[: len(good) - 1000], "runs past the end"),
-        "unknown tensor type": (good[:type_at] + struct.pack("<I", 12) + good[type_at + 4:], "does not support"),
-        "tensor offset past end": (good[:offset_at] + struct.pack("<Q", 1 << 40) + good[offset_at + 8:],
-                                   "runs past the end"),
-        "misaligned tensor": (good[:offset_at] + struct.pack("<Q", 3) + good[offset_at + 8:], "not aligned"),
-        "huge string length": (good[:arch_key] + struct.pack("<Q", 1 << 62) + good[arch_key + 8:],
-                               "absurd length"),
-        "absurd dims": (good[:emb] + struct.pack("<I", 9) + good[emb + 4:], "dimensions"),
+        "unknown tensor type": (
+            good[:type_at] + struct.pack("<I", 12) + good[type_at + 4 :],
+            "does not support",
+        ),
+        "tensor offset past end": (
+            good[:offset_at] + struct.pack("<Q", 1 << 40) + good[offset_at + 8 :],
+            "runs past the end",
+        ),
+        "misaligned tensor": (good[:offset_at] + struct.pack("<Q", 3) + good[offset_at + 8 :], "not aligned"),
+        "huge string length": (
+            good[:arch_key] + struct.pack("<Q", 1 << 62) + good[arch_key + 8 :],
+            "absurd length",
+        ),
+        "absurd dims": (good[:emb] + struct.pack("<I", 9) + good[emb + 4 :], "dimensions"),
     }
     return cases
 

@@ -62,15 +62,24 @@ def test_kv_blocks_are_ggml_layout(isa: str, fmt: str) -> None:
     qtype = QTYPES[fmt.upper()]
     values, raw = _native._kv_roundtrip(isa, fmt, x)
     assert raw == quantize(x.reshape(1, 64), qtype).tobytes()
-    np.testing.assert_allclose(values, dequantize(np.frombuffer(raw, np.uint8).reshape(1, -1), qtype).ravel(),
-                               rtol=0, atol=DEQUANT_LIMIT * 4)
+    np.testing.assert_allclose(
+        values,
+        dequantize(np.frombuffer(raw, np.uint8).reshape(1, -1), qtype).ravel(),
+        rtol=0,
+        atol=DEQUANT_LIMIT * 4,
+    )
 
 
 @pytest.mark.parametrize("isa", ISA_LEVELS)
 @pytest.mark.parametrize("fmt", ["f32", "f16", "q8_0", "q8_head", "q4_0"])
 def test_kv_roundtrip_matches_numpy_emulation(isa: str, fmt: str) -> None:
-    emulate = {"f32": lambda v: v, "f16": refmodel.rt_f16, "q8_0": refmodel.rt_q8_0,
-               "q8_head": refmodel.rt_q8_head, "q4_0": refmodel.rt_q4_0}[fmt]
+    emulate = {
+        "f32": lambda v: v,
+        "f16": refmodel.rt_f16,
+        "q8_0": refmodel.rt_q8_0,
+        "q8_head": refmodel.rt_q8_head,
+        "q4_0": refmodel.rt_q4_0,
+    }[fmt]
     rng = np.random.default_rng(9)
     for _ in range(20):
         x = (rng.standard_normal(64) * rng.uniform(0.01, 10)).astype(np.float32)
@@ -84,8 +93,7 @@ def test_kv_roundtrip_matches_numpy_emulation(isa: str, fmt: str) -> None:
 
 
 def test_f16_conversion_exact_on_special_values() -> None:
-    x = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 6.1e-5, 5.96e-8, 1e-9, 70000.0, np.inf, -np.inf],
-                 dtype=np.float32)
+    x = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 6.1e-5, 5.96e-8, 1e-9, 70000.0, np.inf, -np.inf], dtype=np.float32)
     x = np.concatenate([x, np.zeros(64 - len(x), np.float32)])
     got, _ = _native._kv_roundtrip("ref", "f16", x)
     with np.errstate(over="ignore"):

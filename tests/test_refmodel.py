@@ -61,8 +61,14 @@ def test_write_read_roundtrip(tmp_path, weight_type, tied):
 
     # The dequantized weights are close to the generated ones.
     ref = rm.tiny_llama_weights(
-        n_layer=hp["n_layer"], n_embd=e, n_head=hp["n_head"], n_head_kv=hkv,
-        n_ff=hp["n_ff"], vocab=hp["vocab"], tied=tied, seed=3,
+        n_layer=hp["n_layer"],
+        n_embd=e,
+        n_head=hp["n_head"],
+        n_head_kv=hkv,
+        n_ff=hp["n_ff"],
+        vocab=hp["vocab"],
+        tied=tied,
+        seed=3,
     )
     assert list(ref) == list(model.tensors)
     rel_tol = {"F32": 0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2, "Q4_0": 0.2, "Q4_1": 0.2}[weight_type]
@@ -74,8 +80,14 @@ def test_write_read_roundtrip(tmp_path, weight_type, tied):
 def test_f32_dequantizes_exactly(f32_model):
     hp, model = f32_model
     ref = rm.tiny_llama_weights(
-        n_layer=hp["n_layer"], n_embd=hp["n_embd"], n_head=hp["n_head"],
-        n_head_kv=hp["n_head_kv"], n_ff=hp["n_ff"], vocab=hp["vocab"], tied=hp["tied"], seed=1,
+        n_layer=hp["n_layer"],
+        n_embd=hp["n_embd"],
+        n_head=hp["n_head"],
+        n_head_kv=hp["n_head_kv"],
+        n_ff=hp["n_ff"],
+        vocab=hp["vocab"],
+        tied=hp["tied"],
+        seed=1,
     )
     for name, w in ref.items():
         np.testing.assert_array_equal(model.tensors[name], w.astype(np.float64))
@@ -109,8 +121,8 @@ def test_attention_at_position_zero_is_v(f32_model):
     for tokens in ([17], [17, 4, 99]):
         x = model.embed(tokens)
         h = rm.rms_norm(x, model.layers[0].attn_norm, model.eps)
-        attn = model.attention(0, h)                                     # (T, H*D)
-        v = (h[0] @ model.layers[0].wv.T).reshape(hp["n_head_kv"], d)    # (Hkv, D)
+        attn = model.attention(0, h)  # (T, H*D)
+        v = (h[0] @ model.layers[0].wv.T).reshape(hp["n_head_kv"], d)  # (Hkv, D)
         expected = np.concatenate([v[hq // group] for hq in range(hp["n_head"])])
         np.testing.assert_allclose(attn[0], expected, rtol=1e-12, atol=1e-12)
 
@@ -154,9 +166,11 @@ def test_rope_properties():
     np.testing.assert_array_equal(rm.rope_normal(q, np.array([0]), base), q)
     r = rm.rope_normal(q, np.array([57]), base)
     assert np.isclose(np.linalg.norm(r), np.linalg.norm(q))
+
     # q.k depends only on the relative position
     def dot(m, n):
         return float(np.sum(rm.rope_normal(q, np.array([m]), base) * rm.rope_normal(k, np.array([n]), base)))
+
     assert np.isclose(dot(7, 3), dot(104, 100))
     # first pair rotates by the position itself (theta_0 = 1)
     e = np.zeros((1, 1, d))
@@ -196,9 +210,9 @@ def _loop_block(model: rm.RefModel, il: int, x: np.ndarray, fk=None, fv=None) ->
     for t in range(t_len):
         h = norm(x[t], lw.attn_norm)
         q, k, v = matvec(lw.wq, h), matvec(lw.wk, h), matvec(lw.wv, h)
-        qs.append([rope(q[hh * d:(hh + 1) * d], t) for hh in range(n_head)])
-        ks.append([fk(rope(k[g * d:(g + 1) * d], t)) for g in range(n_kv)])
-        vs.append([fv(v[g * d:(g + 1) * d]) for g in range(n_kv)])
+        qs.append([rope(q[hh * d : (hh + 1) * d], t) for hh in range(n_head)])
+        ks.append([fk(rope(k[g * d : (g + 1) * d], t)) for g in range(n_kv)])
+        vs.append([fv(v[g * d : (g + 1) * d]) for g in range(n_kv)])
 
     out = np.zeros_like(x)
     for t in range(t_len):
@@ -229,12 +243,15 @@ def test_loop_block_matches_vectorized(tmp_path, kv):
     roundtrip = (fk, fv) if fk else None
 
     x = model.embed(tokens)
-    np.testing.assert_allclose(model.block(0, x, roundtrip), _loop_block(model, 0, x, fk, fv),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(model.block(0, x, roundtrip), _loop_block(model, 0, x, fk, fv), rtol=1e-10, atol=1e-10)
     # One layer model: forward == loop block + final norm + output projection.
     xl = _loop_block(model, 0, x, fk, fv)
-    logits = np.array([[np.dot(model.output[v], rm.rms_norm(xl[t], model.output_norm, model.eps))
-                        for v in range(model.vocab)] for t in range(len(tokens))])
+    logits = np.array(
+        [
+            [np.dot(model.output[v], rm.rms_norm(xl[t], model.output_norm, model.eps)) for v in range(model.vocab)]
+            for t in range(len(tokens))
+        ]
+    )
     np.testing.assert_allclose(model.forward(tokens, roundtrip), logits, rtol=1e-10, atol=1e-10)
 
 
@@ -258,8 +275,9 @@ def test_rt_f16():
         np.testing.assert_array_equal(rm.rt_f16(y), y)
 
 
-@pytest.mark.parametrize("name, qtype", [("rt_q8_0", gguf.GGMLQuantizationType.Q8_0),
-                                         ("rt_q4_0", gguf.GGMLQuantizationType.Q4_0)])
+@pytest.mark.parametrize(
+    "name, qtype", [("rt_q8_0", gguf.GGMLQuantizationType.Q8_0), ("rt_q4_0", gguf.GGMLQuantizationType.Q4_0)]
+)
 def test_rt_blocks_match_gguf_quants(name, qtype):
     fn = getattr(rm, name)
     for x in _vectors():
@@ -289,6 +307,6 @@ def test_rt_q8_head():
             continue
         s = np.float32(np.float32(amax) / np.float32(127))
         q = y / float(s)
-        np.testing.assert_allclose(q, np.round(q), atol=1e-9)       # integer multiples of s
+        np.testing.assert_allclose(q, np.round(q), atol=1e-9)  # integer multiples of s
         assert np.abs(q).max() <= 127
         assert np.abs(y - x).max() <= 0.5 * float(s) * (1 + 1e-5) + 1e-7 * amax

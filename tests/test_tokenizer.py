@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,6 @@ from typing import Any
 import gguf
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # make ``worker`` importable however pytest is started
 from worker.tokenizer import MetadataError, StreamDecoder, Tokenizer
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
@@ -43,11 +40,7 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     them; the reader's own "GGUF.*" pseudo-keys (version, counts) are dropped.
     """
     reader = gguf.GGUFReader(str(path))
-    return {
-        key: field.contents()
-        for key, field in reader.fields.items()
-        if not key.startswith("GGUF.")
-    }
+    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
 MODEL = default_model_path()
@@ -69,9 +62,7 @@ def load_golden(name: str) -> Any:
     return json.loads((GOLDENS / name).read_text(encoding="utf-8"))
 
 
-TOKENIZER_GOLDENS: list[dict[str, Any]] = (
-    load_golden("tokenizer.json") if (GOLDENS / "tokenizer.json").exists() else []
-)
+TOKENIZER_GOLDENS: list[dict[str, Any]] = load_golden("tokenizer.json") if (GOLDENS / "tokenizer.json").exists() else []
 
 
 # -- building --------------------------------------------------------------------
@@ -101,17 +92,13 @@ def test_goldens_present() -> None:
     assert len(TOKENIZER_GOLDENS) >= 20, "run tests/goldens/make_goldens.py"
 
 
-@pytest.mark.parametrize(
-    "case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS]
-)
+@pytest.mark.parametrize("case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS])
 def test_encode_matches_llama_cpp(tok: Tokenizer, case: dict[str, Any]) -> None:
     assert tok.encode(case["text"]) == case["ids"]
     assert tok.encode(case["text"], add_bos=False) == case["ids"]
 
 
-@pytest.mark.parametrize(
-    "case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS]
-)
+@pytest.mark.parametrize("case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS])
 def test_decode_roundtrip(tok: Tokenizer, case: dict[str, Any]) -> None:
     assert tok.decode(tok.encode(case["text"])) == case["text"]
     assert tok.decode(case["ids"]) == case["text"]
@@ -170,9 +157,7 @@ def test_stream_decoder_incomplete_tail(tok: Tokenizer) -> None:
     assert dec.push(tok.encode("ok")[0]) == "ok"
 
 
-@pytest.mark.parametrize(
-    "case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS]
-)
+@pytest.mark.parametrize("case", TOKENIZER_GOLDENS, ids=[repr(c["text"])[:40] for c in TOKENIZER_GOLDENS])
 def test_stream_decoder_matches_decode(tok: Tokenizer, case: dict[str, Any]) -> None:
     dec = StreamDecoder(tok)
     pieces = [dec.push(i) for i in case["ids"]]
@@ -200,9 +185,7 @@ def test_render_chat_two_messages(tok: Tokenizer) -> None:
         "<|im_start|>assistant\n"
     )
     assert tok.render_chat(messages) == expected
-    assert tok.render_chat(
-        messages, add_generation_prompt=False
-    ) == expected.removesuffix("<|im_start|>assistant\n")
+    assert tok.render_chat(messages, add_generation_prompt=False) == expected.removesuffix("<|im_start|>assistant\n")
 
 
 def test_render_chat_default_system_prompt(tok: Tokenizer) -> None:
@@ -226,9 +209,7 @@ def test_render_chat_is_sandboxed(meta: dict[str, Any]) -> None:
     evil = dict(meta)
     evil["tokenizer.chat_template"] = "{{ messages.__class__.__mro__ }}"
     with pytest.raises(ValueError):
-        Tokenizer.from_gguf_metadata(evil).render_chat(
-            [{"role": "user", "content": "x"}]
-        )
+        Tokenizer.from_gguf_metadata(evil).render_chat([{"role": "user", "content": "x"}])
     raising = dict(meta)
     raising["tokenizer.chat_template"] = "{{ raise_exception('no system role') }}"
     with pytest.raises(ValueError, match="no system role"):

@@ -60,33 +60,24 @@ class TokenType:
 # Token types whose text is matched verbatim in the input before BPE runs, and
 # whose text is stored raw (UTF-8) rather than in GPT-2 byte-level form. This is
 # llama.cpp's special-token cache: CONTROL | USER_DEFINED | UNKNOWN.
-_SPECIAL_TYPES = frozenset(
-    {TokenType.UNKNOWN, TokenType.CONTROL, TokenType.USER_DEFINED}
-)
+_SPECIAL_TYPES = frozenset({TokenType.UNKNOWN, TokenType.CONTROL, TokenType.USER_DEFINED})
 
 # The GPT-2 contraction/letters/numbers/punctuation/whitespace split. llama.cpp
 # writes it without the trailing "|\s+"; its hand-written matcher behaves as if
 # it were there (a lone tab before a letter is still split off), which is also
 # what the ``tokenizers`` ByteLevel pre-tokenizer does.
-_GPT2_SPLIT = (
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 # tokenizer.ggml.pre values that llama.cpp maps to "split every digit, then the
 # GPT-2 regex" (LLAMA_VOCAB_PRE_TYPE_SMOLLM and the types sharing its regex).
+# smollm is checked against llama.cpp in tests; starcoder, refact and command-r
+# were checked once against llama.cpp's models/ggml-vocab-*.gguf test files.
 _DIGITS_THEN_GPT2 = frozenset(
-    {
-        "smollm",
-        "starcoder",
-        "refact",
-        "command-r",
-        "codeshell",
-        "exaone",
-        "minerva-7b",
-        "mellum2",
-    }
+    {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"}
 )
-# tokenizer.ggml.pre values that llama.cpp maps to the plain GPT-2 regex.
+# tokenizer.ggml.pre values that llama.cpp maps to the plain GPT-2 regex (gpt-2
+# checked once as above). Left out: jina-v1-en/jina-v2-code/roberta-bpe, which
+# llama.cpp also gives BERT-style [SEP] handling that this class does not do.
 _GPT2_ONLY = frozenset(
     {
         "gpt-2",
@@ -95,10 +86,16 @@ _GPT2_ONLY = frozenset(
         "jina-de",
         "jina-v2-es",
         "jina-v2-de",
-        "jina-v2-code",
-        "roberta-bpe",
-        "olmo",
+        "gigachat",
+        "a.x-4.0",
+        "mellum",
+        "modern-bert",
+        "exaone4",
         "mpt",
+        "olmo",
+        "jais",
+        "trillion",
+        "granite-docling",
     }
 )
 
@@ -140,9 +137,7 @@ class _ByteLevelDecodeTable(dict[int, str]):
         return chr(code).encode("utf-8").decode("latin-1")
 
 
-_BYTE_DECODE = _ByteLevelDecodeTable(
-    {ord(ch): chr(b) for b, ch in _gpt2_byte_to_unicode().items()}
-)
+_BYTE_DECODE = _ByteLevelDecodeTable({ord(ch): chr(b) for b, ch in _gpt2_byte_to_unicode().items()})
 
 
 class Tokenizer:
@@ -176,14 +171,11 @@ class Tokenizer:
         n = len(tokens)
         if len(token_types) != n:
             raise MetadataError(
-                f"tokenizer.ggml.token_type has {len(token_types)} entries but "
-                f"tokenizer.ggml.tokens has {n}"
+                f"tokenizer.ggml.token_type has {len(token_types)} entries but tokenizer.ggml.tokens has {n}"
             )
         for name, tid in (("bos", bos_id), ("eos", eos_id)):
             if tid is not None and not 0 <= tid < n:
-                raise MetadataError(
-                    f"tokenizer.ggml.{name}_token_id={tid} is outside the vocabulary (size {n})"
-                )
+                raise MetadataError(f"tokenizer.ggml.{name}_token_id={tid} is outside the vocabulary (size {n})")
 
         self._tokens: list[str] = list(tokens)
         self._types: list[int] = list(token_types)
@@ -193,13 +185,9 @@ class Tokenizer:
         self._chat_template: str | None = chat_template
         self._compiled_template: jinja2.Template | None = None
 
-        self._special: frozenset[int] = frozenset(
-            i for i, t in enumerate(self._types) if t in _SPECIAL_TYPES
-        )
+        self._special: frozenset[int] = frozenset(i for i, t in enumerate(self._types) if t in _SPECIAL_TYPES)
         self._bytes: list[bytes] = [
-            tok.encode("utf-8")
-            if i in self._special
-            else tok.translate(_BYTE_DECODE).encode("latin-1")
+            tok.encode("utf-8") if i in self._special else tok.translate(_BYTE_DECODE).encode("latin-1")
             for i, tok in enumerate(self._tokens)
         ]
         self._text_to_id: dict[str, int] = {}
@@ -211,9 +199,7 @@ class Tokenizer:
         eot = {i for i in extra_eot_ids if 0 <= i < n}
         if eos_id is not None:
             eot.add(eos_id)
-        eot.update(
-            self._text_to_id[name] for name in _EOT_NAMES if name in self._text_to_id
-        )
+        eot.update(self._text_to_id[name] for name in _EOT_NAMES if name in self._text_to_id)
         self.eot_ids: frozenset[int] = frozenset(eot)
 
     # ------------------------------------------------------------------ build
@@ -229,9 +215,7 @@ class Tokenizer:
                 "t5": "Unigram ('t5')",
                 "rwkv": "RWKV ('rwkv')",
             }.get(model, repr(model))
-            raise MetadataError(
-                f"unsupported tokenizer.ggml.model {kind}: only 'gpt2' byte-level BPE is supported"
-            )
+            raise MetadataError(f"unsupported tokenizer.ggml.model {kind}: only 'gpt2' byte-level BPE is supported")
         tokens = _get_list(meta, "tokenizer.ggml.tokens", str)
         if not tokens:
             raise MetadataError("tokenizer.ggml.tokens is empty")
@@ -266,33 +250,23 @@ class Tokenizer:
             extra_eot_ids=extra_eot,
         )
 
-    def _build_hf(
-        self, pre: str, merges: Sequence[tuple[str, str]]
-    ) -> tokenizers.Tokenizer:
+    def _build_hf(self, pre: str, merges: Sequence[tuple[str, str]]) -> tokenizers.Tokenizer:
         """Assemble the ``tokenizers`` pipeline: special-token split, pre-tokenizer, BPE."""
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         gpt2_split = pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")
         if pre in _DIGITS_THEN_GPT2:
-            pre_tok = pre_tokenizers.Sequence(
-                [pre_tokenizers.Digits(individual_digits=True), gpt2_split, byte_level]
-            )
+            pre_tok = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2_split, byte_level])
         elif pre in _GPT2_ONLY:
             pre_tok = pre_tokenizers.Sequence([gpt2_split, byte_level])
         else:
-            raise MetadataError(
-                f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 BPE vocabulary"
-            )
+            raise MetadataError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 BPE vocabulary")
 
         # Specials stay in the BPE vocabulary so ``add_special_tokens`` reuses their ids.
         vocab = dict(self._text_to_id)
         try:
-            bpe = models.BPE(
-                vocab=vocab, merges=list(merges), fuse_unk=False, byte_fallback=False
-            )
+            bpe = models.BPE(vocab=vocab, merges=list(merges), fuse_unk=False, byte_fallback=False)
         except Exception as exc:  # tokenizers raises its own exception types
-            raise MetadataError(
-                f"cannot build BPE from tokenizer.ggml.tokens/merges: {exc}"
-            ) from exc
+            raise MetadataError(f"cannot build BPE from tokenizer.ggml.tokens/merges: {exc}") from exc
         hf = tokenizers.Tokenizer(bpe)
         hf.pre_tokenizer = pre_tok
         # Specials are matched longest-first, verbatim, before pre-tokenization;
@@ -306,10 +280,8 @@ class Tokenizer:
         )
         for i in self._special:
             got = hf.token_to_id(self._tokens[i])
-            if self._text_to_id[self._tokens[i]] == i and got != i:
-                raise MetadataError(
-                    f"special token {self._tokens[i]!r} got id {got}, expected {i}"
-                )
+            if self._tokens[i] and self._text_to_id[self._tokens[i]] == i and got != i:
+                raise MetadataError(f"special token {self._tokens[i]!r} got id {got}, expected {i}")
         return hf
 
     # ----------------------------------------------------------------- encode
@@ -325,14 +297,10 @@ class Tokenizer:
         """
         if add_bos is None:
             add_bos = self.add_bos
-        ids: list[int] = (
-            self._hf.encode(text, add_special_tokens=False).ids if text else []
-        )
+        ids: list[int] = self._hf.encode(text, add_special_tokens=False).ids if text else []
         if add_bos:
             if self.bos_id is None:
-                raise ValueError(
-                    "add_bos requested but the model has no tokenizer.ggml.bos_token_id"
-                )
+                raise ValueError("add_bos requested but the model has no tokenizer.ggml.bos_token_id")
             ids.insert(0, self.bos_id)
         return ids
 
@@ -385,9 +353,7 @@ class Tokenizer:
         it with ``encode(..., add_bos=False)`` when the template emits BOS itself.
         """
         if self._chat_template is None:
-            raise ValueError(
-                "model has no tokenizer.chat_template; cannot render a chat"
-            )
+            raise ValueError("model has no tokenizer.chat_template; cannot render a chat")
         if self._compiled_template is None:
             self._compiled_template = _compile_template(self._chat_template)
         variables: dict[str, Any] = {
@@ -445,9 +411,7 @@ def _get(meta: Mapping[str, Any], key: str, kind: type, default: Any = _MISSING)
     if kind is bool and isinstance(value, int) and value in (0, 1):
         ok, value = True, bool(value)
     if not ok:
-        raise MetadataError(
-            f"GGUF metadata {key!r} should be {kind.__name__}, got {type(value).__name__}"
-        )
+        raise MetadataError(f"GGUF metadata {key!r} should be {kind.__name__}, got {type(value).__name__}")
     return value
 
 
@@ -457,14 +421,10 @@ def _get_list(meta: Mapping[str, Any], key: str, kind: type) -> list[Any]:
         raise MetadataError(f"GGUF metadata is missing required key {key!r}")
     value = meta[key]
     if not isinstance(value, (list, tuple)):
-        raise MetadataError(
-            f"GGUF metadata {key!r} should be a list, got {type(value).__name__}"
-        )
+        raise MetadataError(f"GGUF metadata {key!r} should be a list, got {type(value).__name__}")
     for i, v in enumerate(value):
         if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-            raise MetadataError(
-                f"GGUF metadata {key!r}[{i}] should be {kind.__name__}, got {type(v).__name__}"
-            )
+            raise MetadataError(f"GGUF metadata {key!r}[{i}] should be {kind.__name__}, got {type(v).__name__}")
     return list(value)
 
 
@@ -503,6 +463,4 @@ def _compile_template(source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise MetadataError(
-            f"tokenizer.chat_template is not valid jinja: {exc}"
-        ) from exc
+        raise MetadataError(f"tokenizer.chat_template is not valid jinja: {exc}") from exc

@@ -254,10 +254,7 @@ def main() -> None:
     with open(os.path.join(args.out_dir, "smollm2_greedy.json"), "w", encoding="utf-8") as f:
         f.write(to_json(greedy) + "\n")
     for case in greedy["cases"]:
-        print(
-            f"{case['prompt']!r} -> {case['generated_text']!r} "
-            f"(min margin {min(case['top1_minus_top2_logit']):.4f})"
-        )
+        print(f"{case['prompt']!r} -> {case['generated_text']!r} (min margin {min(case['top1_minus_top2_logit']):.4f})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""Single-sequence decode and prefill speed, side by side with llama.cpp (same
+GGUF, same threads, same KV type), printed as ratios.
+
+    .venv/bin/python bench/decode.py [--peer-python PATH] [--depths 0 512] [--kv f16 q8_0 q4_0]
+
+The llama.cpp side runs bench/llama_peer.py under --peer-python (default: this
+interpreter), which needs `pip install llama-cpp-python` (it compiles llama.cpp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.engine import Engine, Sampling
+from worker.models import resolve_model
+
+
+def ours(model: Path, kv: str, depth: int, n_decode: int, threads: int) -> dict:
+    eng = Engine(model, kv_k=kv, kv_v=kv, threads=threads, max_batch_tokens=512)
+    prompt = [(17 + 31 * i) % 40000 + 100 for i in range(max(depth, 1))]
+    t0 = time.perf_counter()
+    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=n_decode + 1, stop_tokens=()))
+    eng.step()  # prefill + first token
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    made = 0
+    while eng.busy():
+        made += len(eng.step())
+    decode_s = time.perf_counter() - t0
+    eng.free(seq)
+    return {"tokens_per_s": made / decode_s, "prefill_tokens_per_s": len(prompt) / prefill_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--peer-python", default=sys.executable)
+    ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
+    ap.add_argument("--kv", nargs="+", default=["f32", "f16", "q8_0", "q4_0"])
+    ap.add_argument("--n-decode", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    model = resolve_model(args.model)
+
+    cases = [{"kv": kv, "flash_attn": fa, "depth": d} for d in args.depths for kv in args.kv for fa in (False, True)]
+    peer_cfg = {"model": str(model), "cases": cases, "n_decode": args.n_decode, "threads": args.threads}
+    proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
+    peer = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    print(f"# decode, 1 sequence, {args.threads} threads, {model.name}, {platform.processor() or platform.machine()}")
+    print(f"# llama-cpp-python {peer['version']}; ratio = ours / llama.cpp's faster flash-attention setting")
+    print(f"{'depth':>6} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}"
+          f" {'ours pp/s':>10} {'llama pp/s':>10}")
+    for d in args.depths:
+        for kv in args.kv:
+            mine = ours(model, kv, d, args.n_decode, args.threads)
+            theirs = {r["flash_attn"]: r for r in peer["results"] if r["kv"] == kv and r["depth"] == d}
+            rates = {fa: r.get("tokens_per_s") for fa, r in theirs.items()}
+            best = max((v for v in rates.values() if v), default=None)
+            pp = max((r.get("prefill_tokens_per_s") or 0 for r in theirs.values()), default=0)
+            fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
+            print(f"{d:6d} {kv:>6} {mine['tokens_per_s']:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} "
+                  f"{(mine['tokens_per_s'] / best if best else float('nan')):6.2f} "
+                  f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f}")
+
+
+if __name__ == "__main__":
+    main()
