@@ -96,7 +96,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
                        size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
-                       const std::string& isa) {
+                       const std::string& isa, bool float_activations) {
              EngineOptions o;
              o.model_path = model;
              o.kv_k = kv_k;
@@ -106,12 +106,13 @@ PYBIND11_MODULE(_native, m) {
              o.block_tokens = block_tokens;
              o.max_batch_tokens = max_batch_tokens;
              o.isa = isa;
+             o.float_activations = float_activations;
              py::gil_scoped_release release;
              return std::make_unique<Engine>(o);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_k") = "f16", py::arg("kv_v") = "f16",
            py::arg("kv_budget_bytes") = 0, py::arg("threads") = 2, py::arg("block_tokens") = 16,
-           py::arg("max_batch_tokens") = 256, py::arg("isa") = "")
+           py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false)
       .def_property_readonly("isa", &Engine::isa)
       .def_property_readonly("config", [](const Engine& e) {
         const ModelConfig& c = e.config();
@@ -225,6 +226,61 @@ PYBIND11_MODULE(_native, m) {
     py::array_t<float> out(n);
     kernels_for(level).dequant_row(it->second, bytes.data(), out.mutable_data(), n);
     return out;
+  });
+  m.def("_kernel_quantize_act", [](const std::string& level,
+                                   py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+    const int64_t n = x.size();
+    if (n % kQK != 0) throw std::invalid_argument("_kernel_quantize_act: length must be a multiple of 32");
+    std::vector<BlockQ8A> q(n / kQK);
+    kernels_for(level).quantize_act(x.data(), q.data(), n);
+    py::array_t<float> values(n), d(n / kQK), ds(n / kQK);
+    for (int64_t b = 0; b < n / kQK; ++b) {
+      d.mutable_data()[b] = q[b].d;
+      ds.mutable_data()[b] = q[b].ds;
+      for (int i = 0; i < kQK; ++i) values.mutable_data()[b * kQK + i] = static_cast<float>(q[b].qs[i]);
+    }
+    return py::make_tuple(values, d, ds);
+  });
+  m.def("_kernel_dot_q", [](const std::string& level, const std::string& type, py::bytes raw,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+    static const std::map<std::string, GgmlType> types{
+        {"Q4_0", GgmlType::Q4_0}, {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0}};
+    auto it = types.find(type);
+    if (it == types.end()) throw std::invalid_argument("_kernel_dot_q: quantized weight type expected, got " + type);
+    const int64_t n = x.size();
+    const std::string bytes = raw;
+    if (n % kQK != 0 || bytes.size() != row_bytes(it->second, n)) {
+      throw std::invalid_argument("_kernel_dot_q: byte length does not match n");
+    }
+    const Kernels& k = kernels_for(level);
+    std::vector<BlockQ8A> q(n / kQK);
+    k.quantize_act(x.data(), q.data(), n);
+    return k.dot_q(it->second, bytes.data(), q.data(), n);
+  });
+  m.def("_kernel_attn", [](const std::string& level, const std::string& kfmt, const std::string& vfmt,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> v,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> w) {
+    // k, v: (hd,) stored in kfmt / vfmt; q: (G, hd); w: (G,) -> (scores (G,), acc (G, hd) = w_g * v)
+    const int hd = static_cast<int>(k.size());
+    const int G = static_cast<int>(w.size());
+    if (v.size() != hd || q.size() != static_cast<py::ssize_t>(G) * hd || G > kMaxGroup || hd > kMaxHeadDim) {
+      throw std::invalid_argument("_kernel_attn: bad shapes");
+    }
+    const KvFormat kf = kv_format_from_string(kfmt), vf = kv_format_from_string(vfmt);
+    std::vector<uint8_t> kb(kv_row_bytes(kf, hd)), vb(kv_row_bytes(vf, hd));
+    kv_store_row(kf, k.data(), kb.data(), hd);
+    kv_store_row(vf, v.data(), vb.data(), hd);
+    const Kernels& kn = kernels_for(level);
+    std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
+    for (int g = 0; g < G && hd % kQK == 0; ++g) kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+    py::array_t<float> scores(G);
+    kn.attn_scores(kf, kb.data(), q.data(), qq.data(), G, hd, scores.mutable_data());
+    py::array_t<float> acc({G, hd});
+    std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
+    kn.attn_accum(vf, vb.data(), w.data(), acc.mutable_data(), G, hd);
+    return py::make_tuple(scores, acc);
   });
   m.def("_kv_roundtrip", [](const std::string& level, const std::string& fmt,
                             py::array_t<float, py::array::c_style | py::array::forcecast> x) {

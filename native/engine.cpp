@@ -24,6 +24,7 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   g.block_tokens = opt.block_tokens;
   kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes);
   pool_ = std::make_unique<ThreadPool>(opt.threads);
+  ws_.float_activations = opt.float_activations;
 }
 
 Engine::~Engine() = default;

@@ -26,6 +26,7 @@ struct EngineOptions {
   int block_tokens = 16;       // positions per KV block
   int max_batch_tokens = 256;  // tokens (decode + prefill chunks) per step
   std::string isa;             // "" = best available (or $KVSWARM_ISA)
+  bool float_activations = false;  // see Workspace::float_activations
 };
 
 struct SamplingParams {

@@ -9,8 +9,9 @@ KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget
   if (g.n_layer <= 0 || g.n_kv_head <= 0 || g.head_dim <= 0) {
     throw std::invalid_argument("KvPool: layers, kv heads and head_dim must be positive");
   }
-  if (g.block_tokens <= 0 || g.block_tokens > 4096) {
-    throw std::invalid_argument("block_tokens must be between 1 and 4096, got " + std::to_string(g.block_tokens));
+  // The attention kernels keep one block of scores per query head on the stack.
+  if (g.block_tokens <= 0 || g.block_tokens > 64) {
+    throw std::invalid_argument("block_tokens must be between 1 and 64, got " + std::to_string(g.block_tokens));
   }
   k_row_ = kv_row_bytes(g.k_format, g.head_dim);
   v_row_ = kv_row_bytes(g.v_format, g.head_dim);

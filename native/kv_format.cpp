@@ -32,11 +32,12 @@ const char* kv_format_name(KvFormat f) {
 
 size_t kv_row_bytes(KvFormat f, int head_dim) {
   if (head_dim <= 0) throw std::invalid_argument("kv_row_bytes: head_dim must be positive");
-  const bool blocked = f == KvFormat::Q8_0 || f == KvFormat::Q4_0;
+  // Integer formats are scored with int8 dot products over blocks of 32.
+  const bool blocked = f == KvFormat::Q8_0 || f == KvFormat::Q4_0 || f == KvFormat::Q8_HEAD;
   if (blocked && head_dim % kQK != 0) {
     throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) +
                                 " needs head_dim to be a multiple of 32, got " +
-                                std::to_string(head_dim) + "; use f16, f32 or q8_head");
+                                std::to_string(head_dim) + "; use f16 or f32");
   }
   const size_t n = static_cast<size_t>(head_dim);
   switch (f) {

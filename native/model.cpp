@@ -123,6 +123,11 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
       throw std::runtime_error("RoPE scaling '" + st->s + "' is not supported by this engine");
     }
   }
+  if (c.head_dim > kMaxHeadDim || c.n_head / c.n_head_kv > kMaxGroup) {
+    throw std::runtime_error("head_dim " + std::to_string(c.head_dim) + " or GQA group " +
+                             std::to_string(c.n_head / c.n_head_kv) + " exceeds what the attention kernels support (" +
+                             std::to_string(kMaxHeadDim) + ", " + std::to_string(kMaxGroup) + ")");
+  }
   if (file_->find_tensor("rope_freqs.weight") != nullptr) {
     throw std::runtime_error("models with a rope_freqs tensor (Llama 3.1-style RoPE scaling) are not supported");
   }
@@ -164,12 +169,30 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
 
 namespace {
 
+bool is_quantized_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
+
 // out_t (T, rows) = x (T, cols) @ W^T for each target; all targets share x and cols.
+// Quantized weights: x is quantized once to int8 blocks (T, cols/32) and rows use
+// integer dot products. Float weights: rows are dequantized into an L1 tile.
+// Each output element depends only on its weight row and its x row, so results
+// are identical whatever T is (batch invariance).
 void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, ThreadPool& pool, const Kernels& kern,
             Workspace& ws) {
   const int64_t cols = targets[0].w->cols;
+  auto is_quantized = [&](GgmlType t) { return !ws.float_activations && is_quantized_type(t); };
   int64_t total_rows = 0;
-  for (const auto& tg : targets) total_rows += tg.w->rows;
+  bool any_quantized = false;
+  for (const auto& tg : targets) {
+    total_rows += tg.w->rows;
+    any_quantized = any_quantized || is_quantized(tg.w->type);
+  }
+  const int64_t nb = cols / kQK;
+  if (any_quantized) {
+    ws.xq.resize(static_cast<size_t>(T) * nb);
+    pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) kern.quantize_act(x + t * cols, ws.xq.data() + t * nb, cols);
+    });
+  }
   const int64_t n_tiles = (total_rows + kRowTile - 1) / kRowTile;
   pool.parallel_for(n_tiles, [&](int thread, int64_t tb, int64_t te) {
     float* buf = ws.thread_scratch[thread].data();  // (kRowTile, cols)
@@ -186,14 +209,126 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
         while (r >= targets[i].w->rows) r -= targets[i++].w->rows;
         tgt[n] = &targets[i];
         row[n] = r;
-        kern.dequant_row(tgt[n]->w->type, tgt[n]->w->row(r), buf + n * cols, cols);
+        if (!is_quantized(tgt[n]->w->type)) {
+          kern.dequant_row(tgt[n]->w->type, tgt[n]->w->row(r), buf + n * cols, cols);
+        }
       }
       for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<size_t>(t) * cols;
+        const BlockQ8A* xq = any_quantized ? ws.xq.data() + static_cast<size_t>(t) * nb : nullptr;
         for (int j = 0; j < n; ++j) {
-          tgt[j]->out[static_cast<size_t>(t) * tgt[j]->w->rows + row[j]] =
-              kern.dot_f32(buf + j * cols, xr, static_cast<int>(cols));
+          const Weight& w = *tgt[j]->w;
+          tgt[j]->out[static_cast<size_t>(t) * w.rows + row[j]] =
+              is_quantized(w.type) ? kern.dot_q(w.type, w.row(row[j]), xq, cols)
+                                   : kern.dot_f32(buf + j * cols, xr, static_cast<int>(cols));
         }
+      }
+    }
+  });
+}
+
+// Split-context flash decoding: the positions one (token, kv head) attends to
+// are cut into chunks of at most kChunkPositions; each chunk is one task that
+// leaves a partial softmax (running max m, denominator l, unnormalised acc) and
+// the partials are merged afterwards, so one long context spreads over every
+// thread. Each K/V row is read once for all G query heads of its group.
+constexpr int kChunkPositions = 512;
+
+void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadPool& pool, const Kernels& kern,
+               Workspace& ws) {
+  const KvGeometry& g = kv.geometry();
+  const int hd = c.head_dim, G = c.n_head / c.n_head_kv, bt = g.block_tokens, n_kv = c.n_head_kv;
+  const int q_dim = c.n_head * hd, nb = hd / kQK;
+  const int chunk = std::max(bt, kChunkPositions / bt * bt);  // a whole number of blocks
+  const bool int_keys = g.k_format == KvFormat::Q8_0 || g.k_format == KvFormat::Q4_0 || g.k_format == KvFormat::Q8_HEAD;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  ws.attn_tasks.clear();
+  ws.attn_first.resize(static_cast<size_t>(T) * n_kv + 1);
+  for (int t = 0; t < T; ++t) {
+    const int n_ctx = ws.row_pos[t] + 1;
+    for (int kh = 0; kh < n_kv; ++kh) {
+      ws.attn_first[static_cast<size_t>(t) * n_kv + kh] = static_cast<int>(ws.attn_tasks.size());
+      for (int p = 0; p < n_ctx; p += chunk) ws.attn_tasks.push_back({t, kh, p, std::min(n_ctx, p + chunk)});
+    }
+  }
+  ws.attn_first[static_cast<size_t>(T) * n_kv] = static_cast<int>(ws.attn_tasks.size());
+  const size_t part = static_cast<size_t>(G) * (hd + 2);  // m (G), l (G), acc (G, hd)
+  ws.partials.resize(ws.attn_tasks.size() * part);
+
+  pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int, int64_t b, int64_t e) {
+    float s[kMaxGroup * 64];  // (G, bt) scores, then weights; bt <= 64 checked at load
+    float sc[kMaxGroup], w[kMaxGroup];
+    BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];  // (G, nb) quantized queries
+    int quantized_for = -1;
+    for (int64_t task = b; task < e; ++task) {
+      const AttnTask& tk = ws.attn_tasks[task];
+      const std::vector<int>& blocks = *ws.row_blocks[tk.t];
+      const float* q0 = ws.q.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
+      const int pair = tk.t * n_kv + tk.kh;
+      if (int_keys && quantized_for != pair) {
+        for (int i = 0; i < G; ++i) kern.quantize_act(q0 + static_cast<size_t>(i) * hd, qq + i * nb, hd);
+        quantized_for = pair;
+      }
+      float* m = ws.partials.data() + task * part;
+      float* lsum = m + G;
+      float* acc = lsum + G;
+      for (int i = 0; i < G; ++i) {
+        m[i] = -std::numeric_limits<float>::infinity();
+        lsum[i] = 0.0f;
+      }
+      std::fill(acc, acc + static_cast<size_t>(G) * hd, 0.0f);
+      for (int p0 = tk.begin; p0 < tk.end; p0 += bt) {
+        const int block = blocks[p0 / bt];
+        const int cnt = std::min(bt, tk.end - p0);
+        for (int j = 0; j < cnt; ++j) {
+          kern.attn_scores(g.k_format, kv.k_row(block, layer, j, tk.kh), q0, qq, G, hd, sc);
+          for (int i = 0; i < G; ++i) s[i * bt + j] = sc[i] * scale;
+        }
+        for (int i = 0; i < G; ++i) {
+          float* si = s + i * bt;
+          float mx = m[i];
+          for (int j = 0; j < cnt; ++j) mx = std::max(mx, si[j]);
+          const float corr = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first block
+          m[i] = mx;
+          lsum[i] *= corr;
+          if (corr != 1.0f) {
+            float* ai = acc + static_cast<size_t>(i) * hd;
+            for (int x = 0; x < hd; ++x) ai[x] *= corr;
+          }
+          for (int j = 0; j < cnt; ++j) {
+            si[j] = std::exp(si[j] - mx);
+            lsum[i] += si[j];
+          }
+        }
+        for (int j = 0; j < cnt; ++j) {
+          for (int i = 0; i < G; ++i) w[i] = s[i * bt + j];
+          kern.attn_accum(g.v_format, kv.v_row(block, layer, j, tk.kh), w, acc, G, hd);
+        }
+      }
+    }
+  });
+
+  // Merge the partial softmaxes of each (token, kv head) into the attention output.
+  pool.parallel_for(static_cast<int64_t>(T) * n_kv, [&](int, int64_t b, int64_t e) {
+    for (int64_t pair = b; pair < e; ++pair) {
+      const int t = static_cast<int>(pair / n_kv), kh = static_cast<int>(pair % n_kv);
+      const int first = ws.attn_first[pair], last = ws.attn_first[pair + 1];
+      float* out = ws.attn.data() + static_cast<size_t>(t) * q_dim + static_cast<size_t>(kh) * G * hd;
+      for (int i = 0; i < G; ++i) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int c2 = first; c2 < last; ++c2) mx = std::max(mx, ws.partials[c2 * part + i]);
+        float l = 0.0f;
+        float* o = out + static_cast<size_t>(i) * hd;
+        std::fill(o, o + hd, 0.0f);
+        for (int c2 = first; c2 < last; ++c2) {
+          const float* pm = ws.partials.data() + c2 * part;
+          const float f = std::exp(pm[i] - mx);
+          l += pm[G + i] * f;
+          kern.axpy_f32(f, pm + 2 * G + static_cast<size_t>(i) * hd, o, hd);
+        }
+        const float inv = 1.0f / l;
+        for (int x = 0; x < hd; ++x) o[x] *= inv;
       }
     }
   });
@@ -212,7 +347,6 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
   }
   if (T == 0) return;
   const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  const int group = c.n_head / c.n_head_kv;
   const int bt = g.block_tokens;
   const size_t st = static_cast<size_t>(T);
 
@@ -227,8 +361,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
   ws.row_pos.resize(st);
   ws.row_blocks.resize(st);
   // Per-thread scratch: a matmul tile, or attention's K tile, scores and accumulators.
-  const size_t need = std::max<size_t>(static_cast<size_t>(kRowTile) * std::max(c.n_embd, std::max(c.n_ff, q_dim)),
-                                       static_cast<size_t>(bt) * hd + hd + static_cast<size_t>(group) * (bt + hd + 2));
+  const size_t need = static_cast<size_t>(kRowTile) * std::max(c.n_embd, std::max(c.n_ff, q_dim));
   ws.thread_scratch.resize(pool.size());
   for (auto& s : ws.thread_scratch) {
     if (s.size() < need) s.resize(need);
@@ -262,7 +395,6 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
     }
   });
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = layers_[l];
     rmsnorm_rows(ws.x.data(), L.attn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
@@ -281,76 +413,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
       }
     }
 
-    // Flash-decode attention: one task per (token, kv head); each K/V row is read
-    // once for all `group` query heads; online softmax over one block at a time.
-    pool.parallel_for(static_cast<int64_t>(T) * c.n_head_kv, [&](int thread, int64_t b, int64_t e) {
-      float* scratch = ws.thread_scratch[thread].data();
-      float* kt = scratch;                                 // (bt, hd) dequantized K tile
-      float* vrow = kt + static_cast<size_t>(bt) * hd;     // (hd,)
-      float* s = vrow + hd;                                // (group, bt) scores / weights
-      float* acc = s + static_cast<size_t>(group) * bt;    // (group, hd)
-      float* m = acc + static_cast<size_t>(group) * hd;    // (group,) running max
-      float* lsum = m + group;                             // (group,) running denominator
-      for (int64_t task = b; task < e; ++task) {
-        const int t = static_cast<int>(task / c.n_head_kv);
-        const int kh = static_cast<int>(task % c.n_head_kv);
-        const int n_ctx = ws.row_pos[t] + 1;
-        const std::vector<int>& blocks = *ws.row_blocks[t];
-        const float* q0 = ws.q.data() + static_cast<size_t>(t) * q_dim + static_cast<size_t>(kh) * group * hd;
-        for (int i = 0; i < group; ++i) {
-          m[i] = -std::numeric_limits<float>::infinity();
-          lsum[i] = 0.0f;
-          std::fill(acc + static_cast<size_t>(i) * hd, acc + static_cast<size_t>(i + 1) * hd, 0.0f);
-        }
-        for (int p0 = 0; p0 < n_ctx; p0 += bt) {
-          const int block = blocks[p0 / bt];
-          const int cnt = std::min(bt, n_ctx - p0);
-          for (int j = 0; j < cnt; ++j) {
-            const uint8_t* kr = kv.k_row(block, l, j, kh);
-            const float* kp;
-            if (g.k_format == KvFormat::F32) {
-              kp = reinterpret_cast<const float*>(kr);
-            } else {
-              kern.kv_load_row(g.k_format, kr, kt + static_cast<size_t>(j) * hd, hd);
-              kp = kt + static_cast<size_t>(j) * hd;
-            }
-            for (int i = 0; i < group; ++i) s[i * bt + j] = kern.dot_f32(q0 + static_cast<size_t>(i) * hd, kp, hd) * scale;
-          }
-          for (int i = 0; i < group; ++i) {
-            float* si = s + static_cast<size_t>(i) * bt;
-            float mx = m[i];
-            for (int j = 0; j < cnt; ++j) mx = std::max(mx, si[j]);
-            const float corr = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first block
-            m[i] = mx;
-            lsum[i] *= corr;
-            float* ai = acc + static_cast<size_t>(i) * hd;
-            if (corr != 1.0f) {
-              for (int x = 0; x < hd; ++x) ai[x] *= corr;
-            }
-            for (int j = 0; j < cnt; ++j) {
-              si[j] = std::exp(si[j] - mx);
-              lsum[i] += si[j];
-            }
-          }
-          for (int j = 0; j < cnt; ++j) {
-            const uint8_t* vr = kv.v_row(block, l, j, kh);
-            const float* vp;
-            if (g.v_format == KvFormat::F32) {
-              vp = reinterpret_cast<const float*>(vr);
-            } else {
-              kern.kv_load_row(g.v_format, vr, vrow, hd);
-              vp = vrow;
-            }
-            for (int i = 0; i < group; ++i) kern.axpy_f32(s[i * bt + j], vp, acc + static_cast<size_t>(i) * hd, hd);
-          }
-        }
-        float* out = ws.attn.data() + static_cast<size_t>(t) * q_dim + static_cast<size_t>(kh) * group * hd;
-        for (int i = 0; i < group; ++i) {
-          const float inv = 1.0f / lsum[i];
-          for (int x = 0; x < hd; ++x) out[static_cast<size_t>(i) * hd + x] = acc[static_cast<size_t>(i) * hd + x] * inv;
-        }
-      }
-    });
+    attention(c, l, T, kv, pool, kern, ws);
 
     matmul({{&L.wo, ws.xn.data()}}, ws.attn.data(), T, pool, kern, ws);
     for (size_t i = 0; i < st * d; ++i) ws.x[i] += ws.xn[i];

@@ -60,8 +60,21 @@ struct BatchItem {
   int logits_from = 0;  // logits are produced for tokens[logits_from..n)
 };
 
+// One attention task: positions [begin, end) of token row t for kv head kh.
+struct AttnTask {
+  int t, kh, begin, end;
+};
+
 // Scratch buffers reused across steps; grown on demand.
 struct Workspace {
+  // false: quantized weights multiply 8-bit activation blocks with integer dot
+  // products (fast); true: every weight row is dequantized and dotted in float32
+  // (slower, free of activation rounding; for quality measurements).
+  bool float_activations = false;
+  std::vector<BlockQ8A> xq;        // (T, cols/32) quantized matmul input
+  std::vector<AttnTask> attn_tasks;
+  std::vector<int> attn_first;     // (T*n_kv + 1,) first task of each (token, kv head)
+  std::vector<float> partials;     // (tasks, G*(hd+2)) partial softmax state
   std::vector<float> x, xn, q, k, v, attn, ff_gate, ff_up, logits_in;
   std::vector<int32_t> row_pos;         // (T,)
   std::vector<const std::vector<int>*> row_blocks;  // (T,)

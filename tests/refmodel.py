@@ -49,6 +49,7 @@ __all__ = [
     "rt_f16",
     "rt_q4_0",
     "rt_q8_0",
+    "rt_q8_act",
     "rt_q8_head",
     "silu",
     "tiny_llama_weights",
@@ -412,7 +413,12 @@ class RefModel:
         return self.tok_embd[ids].copy()
 
     def qkv(
-        self, il: int, h: np.ndarray, pos: np.ndarray, kv_roundtrip: KVRoundtrip | None = None
+        self,
+        il: int,
+        h: np.ndarray,
+        pos: np.ndarray,
+        kv_roundtrip: KVRoundtrip | None = None,
+        act: ActRoundtrip | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Projections for block il from normed input h (T, E).
 
@@ -422,18 +428,23 @@ class RefModel:
         lw = self.layers[il]
         t = h.shape[0]
         d = self.head_dim
+        h = _act(act, h)
         q = (h @ lw.wq.T).reshape(t, self.n_head, d)
         k = (h @ lw.wk.T).reshape(t, self.n_head_kv, d)
         v = (h @ lw.wv.T).reshape(t, self.n_head_kv, d)
         q = rope_normal(q, pos, self.rope_base, self.n_rot)
         k = rope_normal(k, pos, self.rope_base, self.n_rot)
         if kv_roundtrip is not None:
-            fk, fv = kv_roundtrip
+            fk, fv = kv_roundtrip[0], kv_roundtrip[1]
             k = _per_vector(fk, k)
             v = _per_vector(fv, v)
+            if len(kv_roundtrip) > 2:  # optional query transform (engines that quantize q for int8 keys)
+                q = _per_vector(kv_roundtrip[2], q)
         return q, k, v
 
-    def attention(self, il: int, h: np.ndarray, kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def attention(
+        self, il: int, h: np.ndarray, kv_roundtrip: KVRoundtrip | None = None, act: ActRoundtrip | None = None
+    ) -> np.ndarray:
         """Causal GQA self-attention of block il for a prompt at positions 0..T-1.
 
         h: (T, E) normed input.  Returns the concatenated head outputs (T, H*D),
@@ -441,7 +452,7 @@ class RefModel:
         """
         t = h.shape[0]
         pos = np.arange(t)
-        q, k, v = self.qkv(il, h, pos, kv_roundtrip)
+        q, k, v = self.qkv(il, h, pos, kv_roundtrip, act)
         group = self.n_head // self.n_head_kv
         # query head hq reads kv head hq // group
         k = np.repeat(k, group, axis=1)  # (T, H, D)
@@ -455,40 +466,66 @@ class RefModel:
         out = np.einsum("hij,jhd->ihd", p, v)  # (T, H, D)
         return out.reshape(t, self.n_head * self.head_dim)
 
-    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+    def ffn(self, il: int, h: np.ndarray, act: ActRoundtrip | None = None) -> np.ndarray:
         """SwiGLU feed-forward of block il.  h: (T, E) normed input -> (T, E)."""
         lw = self.layers[il]
-        return (silu(h @ lw.w_gate.T) * (h @ lw.w_up.T)) @ lw.w_down.T
+        h = _act(act, h)
+        return _act(act, silu(h @ lw.w_gate.T) * (h @ lw.w_up.T)) @ lw.w_down.T
 
-    def block(self, il: int, x: np.ndarray, kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def block(
+        self, il: int, x: np.ndarray, kv_roundtrip: KVRoundtrip | None = None, act: ActRoundtrip | None = None
+    ) -> np.ndarray:
         """One transformer block on the residual stream x (T, E) -> (T, E)."""
         lw = self.layers[il]
         h = rms_norm(x, lw.attn_norm, self.eps)
-        x = x + self.attention(il, h, kv_roundtrip) @ lw.wo.T
+        x = x + _act(act, self.attention(il, h, kv_roundtrip, act)) @ lw.wo.T
         h = rms_norm(x, lw.ffn_norm, self.eps)
-        return x + self.ffn(il, h)
+        return x + self.ffn(il, h, act)
 
-    def head(self, x: np.ndarray) -> np.ndarray:
+    def head(self, x: np.ndarray, act: ActRoundtrip | None = None) -> np.ndarray:
         """Final norm and output projection: (T, E) -> (T, V) logits."""
-        return rms_norm(x, self.output_norm, self.eps) @ self.output.T
+        return _act(act, rms_norm(x, self.output_norm, self.eps)) @ self.output.T
 
     # -- full pass ------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], kv_roundtrip: KVRoundtrip | None = None) -> np.ndarray:
+    def forward(
+        self, tokens: Sequence[int], kv_roundtrip: KVRoundtrip | None = None, act_roundtrip: ActRoundtrip | None = None
+    ) -> np.ndarray:
         """Logits (T, V) float64 at every position of a prompt starting at position 0.
 
         kv_roundtrip = (fk, fv) transforms each token's post-RoPE K vector and its
-        V vector, per kv head ((D,) -> (D,)), before attention uses them.
+        V vector, per kv head ((D,) -> (D,)), before attention uses them; an
+        optional third callable transforms each query head vector.
+        act_roundtrip transforms every matrix-product input (T, n) -> (T, n),
+        emulating engines that quantize activations for integer dot products.
         """
         x = self.embed(tokens)  # (T, E)
         for il in range(self.n_layer):
-            x = self.block(il, x, kv_roundtrip)
-        return self.head(x)
+            x = self.block(il, x, kv_roundtrip, act_roundtrip)
+        return self.head(x, act_roundtrip)
 
 
 # ---------------------------------------------------------------------------
 # KV storage format emulation (for kv_roundtrip); input/output float64 (D,)
 # ---------------------------------------------------------------------------
+
+
+ActRoundtrip = Callable[[np.ndarray], np.ndarray]
+
+
+def _act(act: ActRoundtrip | None, x: np.ndarray) -> np.ndarray:
+    return x if act is None else act(x)
+
+
+def rt_q8_act(x: np.ndarray) -> np.ndarray:
+    """8-bit activation blocks along the last axis (a multiple of 32): d = max|x|/127
+    in float32 (not rounded to f16), q = round-half-even(x/d), value q*d."""
+    shape = x.shape
+    b = np.asarray(x, dtype=np.float32).reshape(*shape[:-1], shape[-1] // 32, 32)
+    d = (np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(shape)
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:

@@ -51,10 +51,12 @@ def test_stop_string_truncates_and_is_never_emitted(engine: Engine) -> None:
 
 
 def test_chat_template_and_end_of_turn(engine: Engine) -> None:
-    result = engine.generate("What is the capital of France?", chat=True, max_tokens=64)
+    # (For "...capital of France?" this model's first token is a near-tie that
+    # llama.cpp itself resolves to "L'Étoile..."; Germany has a clear answer.)
+    result = engine.generate("What is the capital of Germany?", chat=True, max_tokens=64)
     assert result.finish_reason == "stop_token"
     assert result.token_ids[-1] in engine.tokenizer.eot_ids
-    assert "Paris" in result.text
+    assert "Berlin" in result.text
     assert result.prompt_ids[:1] == [engine.tokenizer.token_id("<|im_start|>")]
 
 

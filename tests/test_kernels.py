@@ -104,11 +104,74 @@ def test_f16_conversion_exact_on_special_values() -> None:
 
 
 def test_blocked_kv_formats_reject_odd_head_dim() -> None:
-    with pytest.raises(ValueError, match="multiple of 32"):
-        _native.kv_row_bytes("q4_0", 48)
-    assert _native.kv_row_bytes("q8_head", 48) == 48 + 4
+    for fmt in ("q4_0", "q8_0", "q8_head"):
+        with pytest.raises(ValueError, match="multiple of 32"):
+            _native.kv_row_bytes(fmt, 48)
+    assert _native.kv_row_bytes("f16", 48) == 96
+    assert _native.kv_row_bytes("q8_head", 96) == 96 + 4
 
 
 def test_unknown_isa_level_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not available"):
         _native._kernel_dot("sve9", np.zeros(4, np.float32), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+def test_quantize_act_matches_numpy(isa: str) -> None:
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(96) * 3).astype(np.float32)
+    x[:32] = 0.0  # an all-zero block must give d = 0 and zeros
+    q, d, ds = _native._kernel_quantize_act(isa, x)
+    blocks = x.reshape(3, 32)
+    want_d = np.abs(blocks).max(axis=1) / np.float32(127)
+    np.testing.assert_allclose(d, want_d, rtol=1e-6)
+    assert (q[:32] == 0).all() and d[0] == 0.0
+    inv = np.where(want_d > 0, 1 / np.where(want_d > 0, want_d, 1), 0).astype(np.float32)
+    want_q = np.rint(blocks * inv[:, None]).ravel()
+    assert np.mean(q == want_q) > 0.98 and np.abs(q - want_q).max() <= 1  # ties may round either way
+    np.testing.assert_allclose(ds, d * q.reshape(3, 32).sum(axis=1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("wt", ["Q4_0", "Q4_1", "Q8_0"])
+def test_integer_dot_matches_float64(isa: str, wt: str) -> None:
+    """dot_q(w, quantize(x)) equals the float64 dot of the dequantized weights with the
+    dequantized activations (both derived with numpy), to float32 rounding."""
+    rng = np.random.default_rng(13)
+    n = 32 * 19  # odd block count
+    w = (rng.standard_normal(n) * 0.2).astype(np.float32)
+    x = (rng.standard_normal(n) * 2).astype(np.float32)
+    raw = quantize(w.reshape(1, n), QTYPES[wt])
+    wd = dequantize(raw, QTYPES[wt]).ravel().astype(np.float64)
+    q, d, _ = _native._kernel_quantize_act(isa, x)
+    xd = q.astype(np.float64) * np.repeat(d.astype(np.float64), 32)
+    want = float(wd @ xd)
+    got = _native._kernel_dot_q(isa, wt, raw.tobytes(), x)
+    assert abs(got - want) <= 1e-5 * float(np.abs(wd) @ np.abs(xd))
+
+
+ATTN_FORMATS = ["f32", "f16", "q8_0", "q8_head", "q4_0"]
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("kf", ATTN_FORMATS)
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_attention_kernels_match_float64(isa: str, kf: str, group: int) -> None:
+    """One K row scored against a GQA group of queries, one V row accumulated."""
+    rng = np.random.default_rng(17)
+    hd = 64
+    k = rng.standard_normal(hd).astype(np.float32)
+    v = rng.standard_normal(hd).astype(np.float32)
+    q = rng.standard_normal((group, hd)).astype(np.float32)
+    w = rng.uniform(0, 1, group).astype(np.float32)
+    scores, acc = _native._kernel_attn(isa, kf, kf, k, v, q, w)
+    kd = _native._kv_roundtrip("ref", kf, k)[0].astype(np.float64)
+    vd = _native._kv_roundtrip("ref", kf, v)[0].astype(np.float64)
+    if kf in ("f32", "f16"):
+        qd = q.astype(np.float64)
+    else:  # integer keys: queries are quantized to 8-bit blocks first
+        qd = np.stack([refmodel.rt_q8_act(row) for row in q])
+    want_scores = qd @ kd
+    scale = np.abs(qd) @ np.abs(kd)
+    assert (np.abs(scores - want_scores) <= 1e-5 * scale + 1e-6).all()
+    np.testing.assert_allclose(acc, w[:, None].astype(np.float64) * vd[None, :], rtol=1e-6, atol=1e-6)

@@ -70,6 +70,10 @@ class Completion:
 class Engine:
     """One model, one paged KV pool, many sequences.
 
+    float_activations=True multiplies quantized weights in float32 instead of with
+    8-bit activation blocks: slower, free of activation rounding (for measuring
+    what a KV format alone costs).
+
     Low-level: `add_sequence`, `append`, `step`, `finish`, `free`, `score`, `memory`.
     High-level: `generate` / `stream` for one prompt (text or token ids).
     """
@@ -85,6 +89,7 @@ class Engine:
         block_tokens: int = 16,
         max_batch_tokens: int = 256,
         isa: str = "",
+        float_activations: bool = False,
     ) -> None:
         for name, fmt in (("kv_k", kv_k), ("kv_v", kv_v)):
             if fmt not in KV_FORMATS:
@@ -102,6 +107,7 @@ class Engine:
             block_tokens=block_tokens,
             max_batch_tokens=max_batch_tokens,
             isa=isa,
+            float_activations=float_activations,
         )
         self.config: dict[str, Any] = dict(self._native.config)
         self._tokenizer: Tokenizer | None = None

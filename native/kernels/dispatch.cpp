@@ -16,9 +16,22 @@ static bool cpu_has_avx2() {
 #endif
 }
 
+static bool cpu_has_avx512_vnni() {
+#if defined(KVS_HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 std::vector<std::string> available_isa_levels() {
   std::vector<std::string> levels{"ref"};
   if (cpu_has_avx2()) levels.emplace_back("avx2");
+  if (cpu_has_avx512_vnni()) levels.emplace_back("avx512");
+#if defined(KVS_HAVE_NEON)
+  levels.emplace_back("neon");
+#endif
   return levels;
 }
 
@@ -26,6 +39,10 @@ const Kernels& kernels_for(const std::string& level) {
   if (level == "ref") return kernels_ref();
 #if defined(KVS_HAVE_X86)
   if (level == "avx2" && cpu_has_avx2()) return kernels_avx2();
+  if (level == "avx512" && cpu_has_avx512_vnni()) return kernels_avx512();
+#endif
+#if defined(KVS_HAVE_NEON)
+  if (level == "neon") return kernels_neon();
 #endif
   std::string have;
   for (const auto& l : available_isa_levels()) have += (have.empty() ? "" : ", ") + l;

@@ -12,6 +12,21 @@
 
 namespace kvs {
 
+// Activations quantized once per matmul for integer dot products: 32 int8 with
+// their scale d and d * sum(qs) (which the Q4_0 offset and the Q4_1 minimum need).
+// Internal layout, never stored in a file.
+struct BlockQ8A {
+  float d;
+  float ds;
+  int8_t qs[kQK];
+};
+static_assert(sizeof(BlockQ8A) == 40, "BlockQ8A must be 40 bytes");
+
+// Query heads of one GQA group served per K/V row read, at most.
+constexpr int kMaxGroup = 16;
+// Head dimension the attention kernels support, at most (stack buffers).
+constexpr int kMaxHeadDim = 512;
+
 struct Kernels {
   const char* name;  // "ref", "avx2", ...
   // a (n,) . b (n,) -> scalar
@@ -22,12 +37,26 @@ struct Kernels {
   void (*dequant_row)(GgmlType type, const void* src, float* dst, int64_t n);
   // One KV row (head_dim elements in format f) -> dst (head_dim,) floats.
   void (*kv_load_row)(KvFormat f, const void* src, float* dst, int head_dim);
+
+  // x (n,) -> out (n/32,) blocks; n a multiple of 32.
+  void (*quantize_act)(const float* x, BlockQ8A* out, int64_t n);
+  // One Q4_0 / Q4_1 / Q8_0 weight row (n,) . quantized activations (n/32 blocks) -> scalar.
+  float (*dot_q)(GgmlType type, const void* w, const BlockQ8A* a, int64_t n);
+  // scores (G,) = q_g . k for G query heads against one K row in format f.
+  // q: (G, hd) floats (f32/f16 keys); qq: (G, hd/32) quantized copies (q8_0, q8_head, q4_0 keys).
+  void (*attn_scores)(KvFormat f, const void* krow, const float* q, const BlockQ8A* qq, int G, int hd, float* out);
+  // acc (G, hd) += w[g] * v for one V row in format f.
+  void (*attn_accum)(KvFormat f, const void* vrow, const float* w, float* acc, int G, int hd);
 };
 
 // Scalar reference table; always available.
 const Kernels& kernels_ref();
 #if defined(KVS_HAVE_X86)
 const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+#endif
+#if defined(KVS_HAVE_NEON)
+const Kernels& kernels_neon();
 #endif
 
 // Levels this machine can run, best last (e.g. {"ref", "avx2"}).

@@ -1,4 +1,5 @@
 // Scalar reference kernels: the definition every SIMD level must match.
+#include <cmath>
 #include <cstring>
 
 #include "kernels.h"
@@ -79,10 +80,113 @@ void kv_load_row(KvFormat f, const void* src, float* dst, int head_dim) {
   }
 }
 
+void quantize_act(const float* x, BlockQ8A* out, int64_t n) {
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < kQK; ++i) {
+      const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+      out[b].qs[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].ds = d * static_cast<float>(sum);
+  }
+}
+
+// Integer dot of 32 weights (as ints) with 32 int8 activations.
+template <typename Get>
+int32_t isum32(const Get& w, const int8_t* a) {
+  int32_t s = 0;
+  for (int i = 0; i < kQK; ++i) s += w(i) * a[i];
+  return s;
+}
+
+float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
+  const int64_t nb = n / kQK;
+  float sum = 0.0f;
+  switch (type) {
+    case GgmlType::Q4_0: {
+      const auto* b = static_cast<const BlockQ4_0*>(w);
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* qs = b[i].qs;
+        const int32_t s = isum32([&](int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; }, a[i].qs);
+        const float d = fp16_to_fp32(b[i].d);
+        sum += d * (a[i].d * static_cast<float>(s) - 8.0f * a[i].ds);
+      }
+      return sum;
+    }
+    case GgmlType::Q4_1: {
+      const auto* b = static_cast<const BlockQ4_1*>(w);
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* qs = b[i].qs;
+        const int32_t s = isum32([&](int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; }, a[i].qs);
+        sum += fp16_to_fp32(b[i].d) * a[i].d * static_cast<float>(s) + fp16_to_fp32(b[i].m) * a[i].ds;
+      }
+      return sum;
+    }
+    case GgmlType::Q8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(w);
+      for (int64_t i = 0; i < nb; ++i) {
+        const int32_t s = isum32([&](int j) { return static_cast<int>(b[i].qs[j]); }, a[i].qs);
+        sum += fp16_to_fp32(b[i].d) * a[i].d * static_cast<float>(s);
+      }
+      return sum;
+    }
+    default: break;
+  }
+  return 0.0f;  // float weight types never take the quantized path
+}
+
+void attn_scores(KvFormat f, const void* krow, const float* q, const BlockQ8A* qq, int G, int hd, float* out) {
+  const int nb = hd / kQK;
+  switch (f) {
+    case KvFormat::F32:
+    case KvFormat::F16: {
+      float k[kMaxHeadDim];
+      kv_load_row(f, krow, k, hd);
+      for (int g = 0; g < G; ++g) out[g] = dot_f32(q + static_cast<size_t>(g) * hd, k, hd);
+      return;
+    }
+    case KvFormat::Q8_0:
+    case KvFormat::Q4_0: {
+      const GgmlType t = f == KvFormat::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
+      for (int g = 0; g < G; ++g) out[g] = dot_q(t, krow, qq + static_cast<size_t>(g) * nb, hd);
+      return;
+    }
+    case KvFormat::Q8_HEAD: {
+      float s;
+      std::memcpy(&s, krow, sizeof(float));
+      const auto* k = static_cast<const int8_t*>(krow) + sizeof(float);
+      for (int g = 0; g < G; ++g) {
+        float acc = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+          const BlockQ8A& a = qq[static_cast<size_t>(g) * nb + b];
+          const int32_t is = isum32([&](int j) { return static_cast<int>(k[b * kQK + j]); }, a.qs);
+          acc += a.d * static_cast<float>(is);
+        }
+        out[g] = s * acc;
+      }
+      return;
+    }
+  }
+}
+
+void attn_accum(KvFormat f, const void* vrow, const float* w, float* acc, int G, int hd) {
+  float v[kMaxHeadDim];
+  kv_load_row(f, vrow, v, hd);
+  for (int g = 0; g < G; ++g) axpy_f32(w[g], v, acc + static_cast<size_t>(g) * hd, hd);
+}
+
 }  // namespace
 
 const Kernels& kernels_ref() {
-  static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row};
+  static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
+                         quantize_act, dot_q, attn_scores, attn_accum};
   return k;
 }
 
