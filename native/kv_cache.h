@@ -2,7 +2,8 @@
 //
 // One block holds block_tokens consecutive positions of one sequence for every
 // layer, K and V. Byte layout of a block:
-//   [layer][K | V][slot (block_tokens)][kv_head] rows of kv_row_bytes(format, head_dim)
+//   [layer][K | V][kv_head][slot (block_tokens)] rows of kv_row_bytes(format, head_dim)
+// so the rows one attention task reads (one layer, one kv head) are contiguous.
 // NOTE: block tables are append-only while a sequence lives; blocks return to
 // the pool's free list when the sequence is freed.
 #pragma once
@@ -56,11 +57,11 @@ class KvPool {
   size_t blocks_allocated() const { return blocks_.size(); }
 
   uint8_t* k_row(int block, int layer, int slot, int head) const {
-    return blocks_[block].get() + layer * layer_bytes_ + (static_cast<size_t>(slot) * g_.n_kv_head + head) * k_row_;
+    return blocks_[block].get() + layer * layer_bytes_ + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
   }
   uint8_t* v_row(int block, int layer, int slot, int head) const {
     return blocks_[block].get() + layer * layer_bytes_ + k_part_ +
-           (static_cast<size_t>(slot) * g_.n_kv_head + head) * v_row_;
+           (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
   }
 
  private:

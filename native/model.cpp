@@ -256,55 +256,54 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
   const size_t part = static_cast<size_t>(G) * (hd + 2);  // m (G), l (G), acc (G, hd)
   ws.partials.resize(ws.attn_tasks.size() * part);
 
-  pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int, int64_t b, int64_t e) {
-    float s[kMaxGroup * 64];  // (G, bt) scores, then weights; bt <= 64 checked at load
-    float sc[kMaxGroup], w[kMaxGroup];
-    BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];  // (G, nb) quantized queries
-    int quantized_for = -1;
+  const size_t k_stride = kv.k_row_bytes();  // consecutive slots of one (layer, kv head)
+  const size_t v_stride = kv.v_row_bytes();
+  // Blocks are separate allocations, so the hardware prefetcher stops at each
+  // block's end: fetch the next block's rows while scoring the current one.
+  auto prefetch = [](const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+  };
+  pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int thread, int64_t b, int64_t e) {
+    float* s = ws.thread_scratch[thread].data();        // (G, chunk) scores, then weights
+    float* qs = s + static_cast<size_t>(G) * chunk;     // (G, hd) queries pre-multiplied by 1/sqrt(hd)
+    BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];       // (G, nb) quantized queries
+    int prepared_for = -1;
     for (int64_t task = b; task < e; ++task) {
       const AttnTask& tk = ws.attn_tasks[task];
       const std::vector<int>& blocks = *ws.row_blocks[tk.t];
-      const float* q0 = ws.q.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
       const int pair = tk.t * n_kv + tk.kh;
-      if (int_keys && quantized_for != pair) {
-        for (int i = 0; i < G; ++i) kern.quantize_act(q0 + static_cast<size_t>(i) * hd, qq + i * nb, hd);
-        quantized_for = pair;
+      if (prepared_for != pair) {
+        const float* q0 = ws.q.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
+        for (int x = 0; x < G * hd; ++x) qs[x] = q0[x] * scale;
+        if (int_keys) {
+          for (int i = 0; i < G; ++i) kern.quantize_act(qs + static_cast<size_t>(i) * hd, qq + i * nb, hd);
+        }
+        prepared_for = pair;
       }
+      const int n = tk.end - tk.begin;
+      // Pass 1: every score of the chunk, one KV block at a time.
+      for (int p0 = tk.begin; p0 < tk.end; p0 += bt) {
+        const int cnt = std::min(bt, tk.end - p0);
+        if (p0 + bt < tk.end) prefetch(kv.k_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * k_stride);
+        kern.attn_scores(g.k_format, kv.k_row(blocks[p0 / bt], layer, 0, tk.kh), k_stride, cnt, qs, qq, G, hd,
+                         s + (p0 - tk.begin), chunk);
+      }
+      // Softmax numerators of the chunk (no rescaling needed inside it).
       float* m = ws.partials.data() + task * part;
       float* lsum = m + G;
       float* acc = lsum + G;
       for (int i = 0; i < G; ++i) {
-        m[i] = -std::numeric_limits<float>::infinity();
-        lsum[i] = 0.0f;
+        float* si = s + static_cast<size_t>(i) * chunk;
+        m[i] = *std::max_element(si, si + n);
+        lsum[i] = kern.exp_sum(si, n, m[i]);
       }
+      // Pass 2: weighted sum of the V rows.
       std::fill(acc, acc + static_cast<size_t>(G) * hd, 0.0f);
       for (int p0 = tk.begin; p0 < tk.end; p0 += bt) {
-        const int block = blocks[p0 / bt];
         const int cnt = std::min(bt, tk.end - p0);
-        for (int j = 0; j < cnt; ++j) {
-          kern.attn_scores(g.k_format, kv.k_row(block, layer, j, tk.kh), q0, qq, G, hd, sc);
-          for (int i = 0; i < G; ++i) s[i * bt + j] = sc[i] * scale;
-        }
-        for (int i = 0; i < G; ++i) {
-          float* si = s + i * bt;
-          float mx = m[i];
-          for (int j = 0; j < cnt; ++j) mx = std::max(mx, si[j]);
-          const float corr = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first block
-          m[i] = mx;
-          lsum[i] *= corr;
-          if (corr != 1.0f) {
-            float* ai = acc + static_cast<size_t>(i) * hd;
-            for (int x = 0; x < hd; ++x) ai[x] *= corr;
-          }
-          for (int j = 0; j < cnt; ++j) {
-            si[j] = std::exp(si[j] - mx);
-            lsum[i] += si[j];
-          }
-        }
-        for (int j = 0; j < cnt; ++j) {
-          for (int i = 0; i < G; ++i) w[i] = s[i * bt + j];
-          kern.attn_accum(g.v_format, kv.v_row(block, layer, j, tk.kh), w, acc, G, hd);
-        }
+        if (p0 + bt < tk.end) prefetch(kv.v_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * v_stride);
+        kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, 0, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
+                        chunk, acc, G, hd);
       }
     }
   });
@@ -361,7 +360,9 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
   ws.row_pos.resize(st);
   ws.row_blocks.resize(st);
   // Per-thread scratch: a matmul tile, or attention's K tile, scores and accumulators.
-  const size_t need = static_cast<size_t>(kRowTile) * std::max(c.n_embd, std::max(c.n_ff, q_dim));
+  const size_t group = static_cast<size_t>(c.n_head / c.n_head_kv);
+  const size_t need = std::max(static_cast<size_t>(kRowTile) * std::max(c.n_embd, std::max(c.n_ff, q_dim)),
+                               group * (kChunkPositions + hd));
   ws.thread_scratch.resize(pool.size());
   for (auto& s : ws.thread_scratch) {
     if (s.size() < need) s.resize(need);

@@ -175,3 +175,14 @@ def test_attention_kernels_match_float64(isa: str, kf: str, group: int) -> None:
     scale = np.abs(qd) @ np.abs(kd)
     assert (np.abs(scores - want_scores) <= 1e-5 * scale + 1e-6).all()
     np.testing.assert_allclose(acc, w[:, None].astype(np.float64) * vd[None, :], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
+def test_exp_sum_matches_float64(isa: str) -> None:
+    rng = np.random.default_rng(19)
+    x = rng.uniform(-60, 0, 203).astype(np.float32)  # odd length: the scalar tail runs
+    x[7] = 0.0
+    got, total = _native._kernel_exp_sum(isa, x, 0.5)
+    want = np.exp(x.astype(np.float64) - 0.5)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+    assert abs(total - want.sum()) <= 1e-5 * want.sum()

@@ -2,6 +2,10 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#if defined(KVS_HAVE_NEON) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
 #include "kernels.h"
 
 namespace kvs {
@@ -25,12 +29,22 @@ static bool cpu_has_avx512_vnni() {
 #endif
 }
 
+[[maybe_unused]] static bool cpu_has_dotprod() {
+#if defined(KVS_HAVE_NEON) && defined(__linux__)
+  constexpr unsigned long kHwcapAsimdDp = 1ul << 20;  // HWCAP_ASIMDDP in <asm/hwcap.h>
+  return (getauxval(AT_HWCAP) & kHwcapAsimdDp) != 0;
+#else
+  return false;
+#endif
+}
+
 std::vector<std::string> available_isa_levels() {
   std::vector<std::string> levels{"ref"};
   if (cpu_has_avx2()) levels.emplace_back("avx2");
   if (cpu_has_avx512_vnni()) levels.emplace_back("avx512");
 #if defined(KVS_HAVE_NEON)
   levels.emplace_back("neon");
+  if (cpu_has_dotprod()) levels.emplace_back("neon_dotprod");
 #endif
   return levels;
 }
@@ -43,6 +57,7 @@ const Kernels& kernels_for(const std::string& level) {
 #endif
 #if defined(KVS_HAVE_NEON)
   if (level == "neon") return kernels_neon();
+  if (level == "neon_dotprod" && cpu_has_dotprod()) return kernels_neon_dotprod();
 #endif
   std::string have;
   for (const auto& l : available_isa_levels()) have += (have.empty() ? "" : ", ") + l;

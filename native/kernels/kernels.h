@@ -42,11 +42,16 @@ struct Kernels {
   void (*quantize_act)(const float* x, BlockQ8A* out, int64_t n);
   // One Q4_0 / Q4_1 / Q8_0 weight row (n,) . quantized activations (n/32 blocks) -> scalar.
   float (*dot_q)(GgmlType type, const void* w, const BlockQ8A* a, int64_t n);
-  // scores (G,) = q_g . k for G query heads against one K row in format f.
+  // One KV block of cnt positions for one kv head; row j lives at row0 + j * stride.
+  // s (G, ld): s[g*ld + j] = q_g . k_j for the G query heads of the group.
   // q: (G, hd) floats (f32/f16 keys); qq: (G, hd/32) quantized copies (q8_0, q8_head, q4_0 keys).
-  void (*attn_scores)(KvFormat f, const void* krow, const float* q, const BlockQ8A* qq, int G, int hd, float* out);
-  // acc (G, hd) += w[g] * v for one V row in format f.
-  void (*attn_accum)(KvFormat f, const void* vrow, const float* w, float* acc, int G, int hd);
+  void (*attn_scores)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq,
+                      int G, int hd, float* s, int ld);
+  // acc (G, hd) += sum_j w[g*ld + j] * v_j over the cnt V rows of one block.
+  void (*attn_accum)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* w, int ld, float* acc,
+                     int G, int hd);
+  // x[i] = exp(x[i] - mx) for i < n; returns their sum.
+  float (*exp_sum)(float* x, int n, float mx);
 };
 
 // Scalar reference table; always available.
@@ -57,6 +62,7 @@ const Kernels& kernels_avx512();
 #endif
 #if defined(KVS_HAVE_NEON)
 const Kernels& kernels_neon();
+const Kernels& kernels_neon_dotprod();
 #endif
 
 // Levels this machine can run, best last (e.g. {"ref", "avx2"}).

@@ -142,51 +142,65 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
   return 0.0f;  // float weight types never take the quantized path
 }
 
-void attn_scores(KvFormat f, const void* krow, const float* q, const BlockQ8A* qq, int G, int hd, float* out) {
+float score_row(KvFormat f, const uint8_t* krow, const float* q, const BlockQ8A* qq, int hd) {
   const int nb = hd / kQK;
   switch (f) {
     case KvFormat::F32:
     case KvFormat::F16: {
       float k[kMaxHeadDim];
       kv_load_row(f, krow, k, hd);
-      for (int g = 0; g < G; ++g) out[g] = dot_f32(q + static_cast<size_t>(g) * hd, k, hd);
-      return;
+      return dot_f32(q, k, hd);
     }
-    case KvFormat::Q8_0:
-    case KvFormat::Q4_0: {
-      const GgmlType t = f == KvFormat::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
-      for (int g = 0; g < G; ++g) out[g] = dot_q(t, krow, qq + static_cast<size_t>(g) * nb, hd);
-      return;
-    }
+    case KvFormat::Q8_0: return dot_q(GgmlType::Q8_0, krow, qq, hd);
+    case KvFormat::Q4_0: return dot_q(GgmlType::Q4_0, krow, qq, hd);
     case KvFormat::Q8_HEAD: {
-      float s;
-      std::memcpy(&s, krow, sizeof(float));
-      const auto* k = static_cast<const int8_t*>(krow) + sizeof(float);
-      for (int g = 0; g < G; ++g) {
-        float acc = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-          const BlockQ8A& a = qq[static_cast<size_t>(g) * nb + b];
-          const int32_t is = isum32([&](int j) { return static_cast<int>(k[b * kQK + j]); }, a.qs);
-          acc += a.d * static_cast<float>(is);
-        }
-        out[g] = s * acc;
+      float sk;
+      std::memcpy(&sk, krow, sizeof(float));
+      const auto* k = reinterpret_cast<const int8_t*>(krow) + sizeof(float);
+      float acc = 0.0f;
+      for (int b = 0; b < nb; ++b) {
+        const int32_t is = isum32([&](int j) { return static_cast<int>(k[b * kQK + j]); }, qq[b].qs);
+        acc += qq[b].d * static_cast<float>(is);
       }
-      return;
+      return sk * acc;
+    }
+  }
+  return 0.0f;
+}
+
+void attn_scores(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq, int G,
+                 int hd, float* s, int ld) {
+  const int nb = hd / kQK;
+  for (int j = 0; j < cnt; ++j) {
+    for (int g = 0; g < G; ++g) {
+      s[g * ld + j] = score_row(f, row0 + j * stride, q + static_cast<size_t>(g) * hd, qq + g * nb, hd);
     }
   }
 }
 
-void attn_accum(KvFormat f, const void* vrow, const float* w, float* acc, int G, int hd) {
+void attn_accum(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* w, int ld, float* acc, int G,
+                int hd) {
   float v[kMaxHeadDim];
-  kv_load_row(f, vrow, v, hd);
-  for (int g = 0; g < G; ++g) axpy_f32(w[g], v, acc + static_cast<size_t>(g) * hd, hd);
+  for (int j = 0; j < cnt; ++j) {
+    kv_load_row(f, row0 + j * stride, v, hd);
+    for (int g = 0; g < G; ++g) axpy_f32(w[g * ld + j], v, acc + static_cast<size_t>(g) * hd, hd);
+  }
+}
+
+float exp_sum(float* x, int n, float mx) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
 }
 
 }  // namespace
 
 const Kernels& kernels_ref() {
   static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
-                         quantize_act, dot_q, attn_scores, attn_accum};
+                         quantize_act, dot_q, attn_scores, attn_accum, exp_sum};
   return k;
 }
 

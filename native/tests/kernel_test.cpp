@@ -1,0 +1,185 @@
+// Every kernel of every ISA level this machine runs, against the scalar
+// reference (kernels/ref.cpp) on random inputs with odd lengths. Prints one line
+// per failure and a closing "N passed, N failed"; exits 1 on any failure.
+// Runs natively, and cross-compiled for aarch64 under qemu-user.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../kernels/kernels.h"
+#include "../kv_format.h"
+#include "../quant.h"
+
+using namespace kvs;
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::printf("FAIL %s\n", what.c_str());
+  }
+}
+
+// |got - want| <= rel * scale + abs_tol
+bool close(double got, double want, double scale, double rel, double abs_tol = 1e-6) {
+  return std::fabs(got - want) <= rel * scale + abs_tol && std::isfinite(got);
+}
+
+std::vector<float> randn(std::mt19937& rng, size_t n, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A weight row of n elements in `type`, built with the reference encoders.
+std::vector<uint8_t> make_row(GgmlType type, const std::vector<float>& x, std::mt19937& rng) {
+  const size_t n = x.size();
+  std::vector<uint8_t> out(row_bytes(type, static_cast<int64_t>(n)));
+  switch (type) {
+    case GgmlType::F32: std::memcpy(out.data(), x.data(), 4 * n); break;
+    case GgmlType::F16: kv_store_row(KvFormat::F16, x.data(), out.data(), static_cast<int>(n)); break;
+    case GgmlType::BF16: {
+      auto* h = reinterpret_cast<uint16_t*>(out.data());
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &x[i], 4);
+        h[i] = static_cast<uint16_t>(u >> 16);
+      }
+      break;
+    }
+    case GgmlType::Q8_0: kv_store_row(KvFormat::Q8_0, x.data(), out.data(), static_cast<int>(n)); break;
+    case GgmlType::Q4_0: kv_store_row(KvFormat::Q4_0, x.data(), out.data(), static_cast<int>(n)); break;
+    case GgmlType::Q4_1: {
+      auto* b = reinterpret_cast<BlockQ4_1*>(out.data());
+      std::uniform_int_distribution<int> nib(0, 255);
+      for (size_t i = 0; i < n / kQK; ++i) {
+        b[i].d = fp32_to_fp16(0.01f + 0.001f * static_cast<float>(i));
+        b[i].m = fp32_to_fp16(-0.07f);
+        for (int j = 0; j < kQK / 2; ++j) b[i].qs[j] = static_cast<uint8_t>(nib(rng));
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+void test_level(const Kernels& k, const Kernels& ref) {
+  const std::string L = k.name;
+  std::mt19937 rng(42);
+  for (int n : {1, 7, 33, 100, 577}) {
+    auto a = randn(rng, n, 1.0f), b = randn(rng, n, 1.0f);
+    double scale = 0.0;
+    for (int i = 0; i < n; ++i) scale += std::fabs(a[i] * b[i]);
+    check(close(k.dot_f32(a.data(), b.data(), n), ref.dot_f32(a.data(), b.data(), n), scale, 1e-5),
+          L + " dot_f32 n=" + std::to_string(n));
+    auto y1 = randn(rng, n, 1.0f);
+    auto y2 = y1;
+    k.axpy_f32(0.37f, a.data(), y1.data(), n);
+    ref.axpy_f32(0.37f, a.data(), y2.data(), n);
+    bool ok = true;
+    for (int i = 0; i < n; ++i) ok = ok && close(y1[i], y2[i], std::fabs(y2[i]), 1e-6);
+    check(ok, L + " axpy_f32 n=" + std::to_string(n));
+  }
+  const GgmlType types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
+  for (GgmlType t : types) {
+    const int n = 32 * 9;
+    auto x = randn(rng, n, 0.5f);
+    auto row = make_row(t, x, rng);
+    std::vector<float> got(n, NAN), want(n, NAN);
+    k.dequant_row(t, row.data(), got.data(), n);
+    ref.dequant_row(t, row.data(), want.data(), n);
+    bool ok = true;
+    for (int i = 0; i < n; ++i) ok = ok && close(got[i], want[i], std::fabs(want[i]), 1e-6);
+    check(ok, L + " dequant_row " + type_traits(static_cast<uint32_t>(t)).name);
+    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1) {
+      auto act = randn(rng, n, 2.0f);
+      std::vector<BlockQ8A> qa(n / kQK);
+      ref.quantize_act(act.data(), qa.data(), n);
+      double sc = 0.0;
+      for (int i = 0; i < n; ++i) sc += std::fabs(want[i] * act[i]);
+      check(close(k.dot_q(t, row.data(), qa.data(), n), ref.dot_q(t, row.data(), qa.data(), n), sc, 1e-5),
+            L + " dot_q " + type_traits(static_cast<uint32_t>(t)).name);
+    }
+  }
+  {
+    const int n = 32 * 5;
+    auto x = randn(rng, n, 3.0f);
+    std::vector<BlockQ8A> a(n / kQK), b(n / kQK);
+    k.quantize_act(x.data(), a.data(), n);
+    ref.quantize_act(x.data(), b.data(), n);
+    bool ok = true;
+    for (int i = 0; i < n / kQK; ++i) {
+      ok = ok && close(a[i].d, b[i].d, b[i].d, 1e-6) && close(a[i].ds, b[i].ds, std::fabs(b[i].ds) + b[i].d, 1e-5);
+      for (int j = 0; j < kQK; ++j) ok = ok && std::abs(a[i].qs[j] - b[i].qs[j]) <= 1;
+    }
+    check(ok, L + " quantize_act");
+  }
+  const KvFormat fmts[] = {KvFormat::F32, KvFormat::F16, KvFormat::Q8_0, KvFormat::Q8_HEAD, KvFormat::Q4_0};
+  for (KvFormat f : fmts) {
+    const int hd = 64, cnt = 5;
+    const size_t rb = kv_row_bytes(f, hd);
+    std::vector<uint8_t> rows(rb * cnt);
+    for (int j = 0; j < cnt; ++j) {
+      auto x = randn(rng, hd, 1.0f);
+      kv_store_row(f, x.data(), rows.data() + j * rb, hd);
+    }
+    std::vector<float> got(hd), want(hd);
+    k.kv_load_row(f, rows.data(), got.data(), hd);
+    ref.kv_load_row(f, rows.data(), want.data(), hd);
+    bool ok = true;
+    for (int i = 0; i < hd; ++i) ok = ok && close(got[i], want[i], std::fabs(want[i]), 1e-6);
+    check(ok, L + " kv_load_row " + kv_format_name(f));
+    for (int G : {1, 3}) {
+      auto q = randn(rng, static_cast<size_t>(G) * hd, 1.0f);
+      std::vector<BlockQ8A> qq(static_cast<size_t>(G) * hd / kQK);
+      for (int g = 0; g < G; ++g) ref.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+      const int ld = 8;
+      std::vector<float> s1(G * ld, 0.0f), s2(G * ld, 0.0f);
+      k.attn_scores(f, rows.data(), rb, cnt, q.data(), qq.data(), G, hd, s1.data(), ld);
+      ref.attn_scores(f, rows.data(), rb, cnt, q.data(), qq.data(), G, hd, s2.data(), ld);
+      ok = true;
+      for (int i = 0; i < G * ld; ++i) ok = ok && close(s1[i], s2[i], 64.0, 1e-5);
+      check(ok, L + " attn_scores " + kv_format_name(f) + " G=" + std::to_string(G));
+      std::vector<float> w(G * ld, 0.25f), a1(G * hd, 1.0f), a2(G * hd, 1.0f);
+      k.attn_accum(f, rows.data(), rb, cnt, w.data(), ld, a1.data(), G, hd);
+      ref.attn_accum(f, rows.data(), rb, cnt, w.data(), ld, a2.data(), G, hd);
+      ok = true;
+      for (int i = 0; i < G * hd; ++i) ok = ok && close(a1[i], a2[i], std::fabs(a2[i]) + 1.0, 1e-5);
+      check(ok, L + " attn_accum " + kv_format_name(f) + " G=" + std::to_string(G));
+    }
+  }
+  {
+    const int n = 203;
+    std::uniform_real_distribution<float> u(-60.0f, 0.0f);
+    std::vector<float> x(n);
+    for (auto& v : x) v = u(rng);
+    auto y = x;
+    const float s1 = k.exp_sum(x.data(), n, 0.5f), s2 = ref.exp_sum(y.data(), n, 0.5f);
+    bool ok = close(s1, s2, s2, 1e-5);
+    for (int i = 0; i < n; ++i) ok = ok && close(x[i], y[i], y[i], 2e-6, 1e-30);
+    check(ok, L + " exp_sum");
+  }
+}
+
+}  // namespace
+
+int main() {
+  const Kernels& ref = kernels_ref();
+  std::string levels;
+  for (const std::string& level : available_isa_levels()) {
+    levels += level + " ";
+    test_level(kernels_for(level), ref);
+  }
+  std::printf("levels: %s\n", levels.c_str());
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
