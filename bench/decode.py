@@ -17,25 +17,37 @@ import sys
 import time
 from pathlib import Path
 
+from worker import _native
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
 
 
 def ours(model: Path, kv: str, depth: int, n_decode: int, threads: int) -> dict:
+    """Decode rate at a context depth (the cache filled by Engine.fill_kv: decode
+    cost does not depend on how the cache was made), and prefill rate of a
+    512-token prompt."""
     eng = Engine(model, kv_k=kv, kv_v=kv, threads=threads, max_batch_tokens=512)
-    prompt = [(17 + 31 * i) % 40000 + 100 for i in range(max(depth, 1))]
-    t0 = time.perf_counter()
-    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=n_decode + 1, stop_tokens=()))
-    while not eng.step():  # chunked prefill; the last chunk yields the first token
-        pass
-    prefill_s = time.perf_counter() - t0
+    seq = eng.add_sequence([], generate=False)
+    if depth > 0:
+        eng.fill_kv(seq, depth, seed=1)
+    eng.append(seq, [504], Sampling(max_new_tokens=n_decode + 1, stop_tokens=()))
+    eng.step()
     t0 = time.perf_counter()
     made = 0
     while eng.busy():
         made += len(eng.step())
     decode_s = time.perf_counter() - t0
     eng.free(seq)
-    return {"tokens_per_s": made / decode_s, "prefill_tokens_per_s": len(prompt) / prefill_s}
+    prompt = [(17 + 31 * i) % 40000 + 100 for i in range(512)]
+    t0 = time.perf_counter()
+    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=1, stop_tokens=()))
+    while not eng.step():
+        pass
+    prefill_s = time.perf_counter() - t0
+    eng.free(seq)
+    mem = eng.memory()
+    step_bytes = mem["weight_bytes"] + (depth + 1) * mem["bytes_per_token"]
+    return {"tokens_per_s": made / decode_s, "prefill_tokens_per_s": 512 / prefill_s, "step_bytes": step_bytes}
 
 
 def main() -> None:
@@ -43,24 +55,37 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
-    ap.add_argument("--kv", nargs="+", default=["f32", "f16", "q8_0", "q4_0"])
+    ap.add_argument("--kv", nargs="+", default=["f32", "f16", "q8_0", "q8_head", "q4_0"])
+    ap.add_argument("--peer-cache", default=None,
+                    help="JSON file to reuse llama.cpp results from (written when missing); the peer is slow at depth")
     ap.add_argument("--n-decode", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     model = resolve_model(args.model)
 
-    cases = [{"kv": kv, "flash_attn": fa, "depth": d} for d in args.depths for kv in args.kv for fa in (False, True)]
+    peer_kv = [kv for kv in args.kv if kv != "q8_head"]  # llama.cpp has no per-head int8 cache
+    cases = [{"kv": kv, "flash_attn": fa, "depth": d} for d in args.depths for kv in peer_kv for fa in (False, True)]
     peer_cfg = {"model": str(model), "cases": cases, "n_decode": args.n_decode, "threads": args.threads}
-    proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
-    peer = json.loads(proc.stdout.strip().splitlines()[-1])
+    cache = Path(args.peer_cache) if args.peer_cache else None
+    if cache is not None and cache.exists():
+        peer = json.loads(cache.read_text())
+    else:
+        proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
+        peer = json.loads(proc.stdout.strip().splitlines()[-1])
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(peer, indent=1))
 
+    bandwidth = _native.measure_read_bandwidth(args.threads, 1 << 30, 3)
     print(f"# decode, 1 sequence, {args.threads} threads, {model.name}, {platform.processor() or platform.machine()}")
+    print(f"# read bandwidth measured now with {args.threads} threads: {bandwidth / 1e9:.1f} GB/s; "
+          "'of limit' = ours / (bandwidth / bytes a decode step must read: weights + KV)")
     print(f"# llama-cpp-python {peer['version']}; ratio = ours / llama.cpp's faster flash-attention setting")
     print(f"{'depth':>6} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}"
-          f" {'ours pp/s':>10} {'llama pp/s':>10}")
+          f" {'of limit':>8} {'llama':>6} {'ours pp/s':>10} {'llama pp/s':>10} {'ratio':>6}")
     for d in args.depths:
         for kv in args.kv:
             mine = ours(model, kv, d, args.n_decode, args.threads)
@@ -69,9 +94,11 @@ def main() -> None:
             best = max((v for v in rates.values() if v), default=None)
             pp = max((r.get("prefill_tokens_per_s") or 0 for r in theirs.values()), default=0)
             fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
+            limit = bandwidth / mine["step_bytes"]
             print(f"{d:6d} {kv:>6} {mine['tokens_per_s']:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} "
                   f"{(mine['tokens_per_s'] / best if best else float('nan')):6.2f} "
-                  f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f}")
+                  f"{mine['tokens_per_s'] / limit:8.2f} {(best or 0) / limit:6.2f} "
+                  f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f} {mine['prefill_tokens_per_s'] / pp if pp else 0:6.2f}")
 
 
 if __name__ == "__main__":

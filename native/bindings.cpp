@@ -10,6 +10,7 @@
 #include "gguf.h"
 #include "kernels/kernels.h"
 #include "kv_format.h"
+#include "membw.h"
 
 namespace py = pybind11;
 using namespace kvs;
@@ -153,6 +154,8 @@ PYBIND11_MODULE(_native, m) {
             return out;
           },
           py::arg("id"), py::arg("tokens"))
+      .def("fill_kv", &Engine::fill_kv, py::arg("id"), py::arg("n"), py::arg("seed") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def("info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
       .def("sequence_ids", &Engine::sequence_ids)
       .def("tokens", &Engine::tokens, py::arg("id"))
@@ -202,6 +205,9 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("path"), "Parse and validate a GGUF file; returns version, alignment, metadata and the tensor table.");
 
+  m.def("measure_read_bandwidth", &measure_read_bandwidth, py::arg("threads") = 2,
+        py::arg("bytes") = size_t{1} << 30, py::arg("repeats") = 3, py::call_guard<py::gil_scoped_release>(),
+        "Read bandwidth in bytes/s with the engine's thread pool (bench/ uses it as the machine's limit).");
   m.def("isa_levels", &available_isa_levels, "ISA levels this machine can run, best last.");
   m.def("kv_row_bytes", [](const std::string& fmt, int head_dim) {
     return kv_row_bytes(kv_format_from_string(fmt), head_dim);
@@ -274,7 +280,13 @@ PYBIND11_MODULE(_native, m) {
     kv_store_row(vf, v.data(), vb.data(), hd);
     const Kernels& kn = kernels_for(level);
     std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
-    for (int g = 0; g < G && hd % kQK == 0; ++g) kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+    for (int g = 0; g < G && hd % kQK == 0; ++g) {
+      if (kf == KvFormat::Q8_HEAD) {
+        quantize_head(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+      } else {
+        kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+      }
+    }
     py::array_t<float> scores(G);
     kn.attn_scores(kf, kb.data(), 0, 1, q.data(), qq.data(), G, hd, scores.mutable_data(), 1);
     py::array_t<float> acc({G, hd});

@@ -107,6 +107,7 @@ void Engine::append(int id, const std::vector<int32_t>& tokens, const SamplingPa
   s.generating = generate;
   s.generated = 0;
   s.finish_reason.clear();
+  s.lazy_tail = false;
 }
 
 void Engine::finish(int id) {
@@ -115,6 +116,7 @@ void Engine::finish(int id) {
   if (s.generating) {
     s.generating = false;
     s.finish_reason = "finished";
+    s.lazy_tail = s.n_past + 1 == static_cast<int>(s.tokens.size());
   }
 }
 
@@ -137,7 +139,7 @@ bool Engine::ensure_blocks(Sequence& s, int n) {
 bool Engine::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, s] : seqs_) {
-    if (s.finish_reason == "kv_budget") continue;
+    if (s.finish_reason == "kv_budget" || s.lazy_tail) continue;
     if (s.generating || s.n_past < static_cast<int>(s.tokens.size())) return true;
   }
   return false;
@@ -156,7 +158,7 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
   // Decode tokens first (one per generating sequence), then prefill chunks in id order.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& [id, s] : seqs_) {
-      if (s.finish_reason == "kv_budget") continue;  // stalled until appended to or freed
+      if (s.finish_reason == "kv_budget" || s.lazy_tail) continue;  // waits for append / free
       const int pending = static_cast<int>(s.tokens.size()) - s.n_past;
       const bool is_decode = s.generating && pending == 1;
       if (pending <= 0 || (pass == 0) != is_decode) continue;
@@ -199,14 +201,15 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
     ++s.generated;
     out.emplace_back(s.id, tok);
     if (std::find(s.sp.stop_tokens.begin(), s.sp.stop_tokens.end(), tok) != s.sp.stop_tokens.end()) {
-      s.generating = false;
       s.finish_reason = "stop_token";
     } else if (s.sp.max_new_tokens >= 0 && s.generated >= s.sp.max_new_tokens) {
-      s.generating = false;
       s.finish_reason = "max_tokens";
     } else if (static_cast<int>(s.tokens.size()) >= n_ctx) {
-      s.generating = false;
       s.finish_reason = "context";
+    }
+    if (!s.finish_reason.empty()) {
+      s.generating = false;
+      s.lazy_tail = true;
     }
   }
   return out;
@@ -229,6 +232,7 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
                         "; free sequences or raise kv_budget_bytes");
   }
   s.generating = false;
+  s.lazy_tail = false;
   const int nv = model_->config().n_vocab;
   std::vector<float> all;
   all.reserve((s.tokens.size() - s.n_past) * static_cast<size_t>(nv));
@@ -245,6 +249,36 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
     s.n_past += take;
   }
   return all;
+}
+
+void Engine::fill_kv(int id, int n, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  const ModelConfig& c = model_->config();
+  if (n < 0 || static_cast<int64_t>(s.tokens.size()) + n > c.n_ctx_train) {
+    throw std::invalid_argument("fill_kv: " + std::to_string(n) + " positions do not fit the model's context");
+  }
+  if (s.n_past != static_cast<int>(s.tokens.size())) {
+    throw std::invalid_argument("fill_kv: the sequence has unprocessed tokens");
+  }
+  if (!ensure_blocks(s, s.n_past + n)) throw KvBudgetError("fill_kv: KV budget exhausted");
+  const KvGeometry& g = kv_->geometry();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(c.head_dim);
+  for (int p = s.n_past; p < s.n_past + n; ++p) {
+    const int block = s.blocks[p / g.block_tokens], slot = p % g.block_tokens;
+    for (int l = 0; l < c.n_layer; ++l) {
+      for (int h = 0; h < c.n_head_kv; ++h) {
+        for (float& x : row) x = normal(rng);
+        kv_store_row(g.k_format, row.data(), kv_->k_row(block, l, slot, h), c.head_dim);
+        for (float& x : row) x = normal(rng);
+        kv_store_row(g.v_format, row.data(), kv_->v_row(block, l, slot, h), c.head_dim);
+      }
+    }
+  }
+  s.tokens.insert(s.tokens.end(), n, 0);
+  s.n_past += n;
 }
 
 int32_t Engine::sample(Sequence& s, const float* logits_in) {

@@ -93,6 +93,12 @@ class Engine {
   // logits after each of them: (n_queued + tokens.size(), n_vocab), row-major.
   std::vector<float> score(int id, const std::vector<int32_t>& tokens);
 
+  // Calibration aid: appends n synthetic positions (token 0) whose K/V rows are
+  // random unit-variance vectors stored in the pool's formats, without running the
+  // model. Attention cost does not depend on the values, so benchmarks and
+  // calibration can reach long contexts without a long prefill.
+  void fill_kv(int id, int n, uint64_t seed);
+
   SequenceInfo info(int id) const;
   std::vector<int> sequence_ids() const;
   std::vector<int32_t> tokens(int id) const;
@@ -109,6 +115,9 @@ class Engine {
     bool generating = false;
     int generated = 0;
     std::string finish_reason;
+    // The last token was sampled after the turn ended; its KV is written with the
+    // next turn's prefill instead of by an extra step now.
+    bool lazy_tail = false;
   };
 
   Sequence& get(int id);

@@ -275,7 +275,9 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
       if (prepared_for != pair) {
         const float* q0 = ws.q.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
         for (int x = 0; x < G * hd; ++x) qs[x] = q0[x] * scale;
-        if (int_keys) {
+        if (g.k_format == KvFormat::Q8_HEAD) {
+          for (int i = 0; i < G; ++i) quantize_head(qs + static_cast<size_t>(i) * hd, qq + i * nb, hd);
+        } else if (int_keys) {
           for (int i = 0; i < G; ++i) kern.quantize_act(qs + static_cast<size_t>(i) * hd, qq + i * nb, hd);
         }
         prepared_for = pair;

@@ -50,6 +50,7 @@ __all__ = [
     "rt_q4_0",
     "rt_q8_0",
     "rt_q8_act",
+    "rt_q8_query_head",
     "rt_q8_head",
     "silu",
     "tiny_llama_weights",
@@ -526,6 +527,15 @@ def rt_q8_act(x: np.ndarray) -> np.ndarray:
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     q = np.rint(b * inv)
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(shape)
+
+
+def rt_q8_query_head(x: np.ndarray) -> np.ndarray:
+    """One 8-bit scale for a whole query head vector (D,): s = max|x|/127 in float32,
+    q = round-half-even(x/s), value q*s (queries scored against q8_head keys)."""
+    xf = np.asarray(x, dtype=np.float32)
+    s = np.float32(np.abs(xf).max() / np.float32(127))
+    inv = np.float32(1) / s if s != 0 else np.float32(0)
+    return np.rint(xf * inv).astype(np.float64) * np.float64(s)
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:

@@ -169,6 +169,8 @@ def test_attention_kernels_match_float64(isa: str, kf: str, group: int) -> None:
     vd = _native._kv_roundtrip("ref", kf, v)[0].astype(np.float64)
     if kf in ("f32", "f16"):
         qd = q.astype(np.float64)
+    elif kf == "q8_head":  # one 8-bit scale per query head
+        qd = np.stack([refmodel.rt_q8_query_head(row) for row in q])
     else:  # integer keys: queries are quantized to 8-bit blocks first
         qd = np.stack([refmodel.rt_q8_act(row) for row in q])
     want_scores = qd @ kd

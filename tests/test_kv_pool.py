@@ -81,3 +81,27 @@ def test_budget_refuses_to_grow(tiny_models) -> None:  # type: ignore[no-untyped
 def test_budget_smaller_than_a_block_is_rejected(tiny_models) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(KvBudgetError, match="smaller than one block"):
         Engine(tiny_models["F32"], kv_budget_bytes=100)
+
+
+def test_fill_kv_accounts_and_decodes_on(tiny_models) -> None:  # type: ignore[no-untyped-def]
+    """The calibration aid reserves real blocks and the sequence keeps decoding after it."""
+    eng = Engine(tiny_models["Q4_0"], kv_k="q8_head", kv_v="q4_0")
+    bpt = eng.memory()["bytes_per_token"]
+    seq = eng.add_sequence([], generate=False)
+    eng.fill_kv(seq, 100, seed=3)
+    assert eng.info(seq)["n_past"] == 100
+    assert eng.memory()["bytes_used"] == 100 * bpt
+    assert eng.memory()["blocks_in_use"] == 7  # ceil(100 / 16)
+    eng.append(seq, [5, 6], Sampling(max_new_tokens=4))
+    made = 0
+    while eng.busy():
+        made += len(eng.step())
+    assert made == 4 and eng.info(seq)["n_past"] == 105
+    with pytest.raises(ValueError, match="context"):
+        eng.fill_kv(seq, 1000)
+
+
+def test_bandwidth_probe_is_positive() -> None:
+    from worker import _native
+
+    assert _native.measure_read_bandwidth(1, 1 << 24, 1) > 1e8  # > 0.1 GB/s: the probe ran and timed

@@ -20,12 +20,13 @@ from worker.engine import Engine
 TOKENS = [5, 17, 200, 3, 99, 41, 7, 250, 1, 0, 33, 66, 128, 129, 130, 131, 132, 133, 256]
 
 # K and V storage per format; int8 key formats also quantize each query head
-# to 8-bit blocks of 32 (the engine scores them with integer dot products).
+# (8-bit blocks of 32; one scale per head for q8_head keys) and score it with
+# integer dot products.
 ROUNDTRIP = {
     "f32": None,
     "f16": (refmodel.rt_f16, refmodel.rt_f16),
     "q8_0": (refmodel.rt_q8_0, refmodel.rt_q8_0, refmodel.rt_q8_act),
-    "q8_head": (refmodel.rt_q8_head, refmodel.rt_q8_head, refmodel.rt_q8_act),
+    "q8_head": (refmodel.rt_q8_head, refmodel.rt_q8_head, refmodel.rt_q8_query_head),
     "q4_0": (refmodel.rt_q4_0, refmodel.rt_q4_0, refmodel.rt_q8_act),
 }
 # Quantized weights multiply 8-bit activation blocks (as llama.cpp does).

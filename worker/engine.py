@@ -150,6 +150,10 @@ class Engine:
         """Teacher-forced logits (n, vocab) after each of the sequence's queued tokens and `tokens`."""
         return np.asarray(self._native.score(seq_id, list(tokens)))
 
+    def fill_kv(self, seq_id: int, n: int, seed: int = 0) -> None:
+        """Calibration aid: append n synthetic positions with random K/V (no model run)."""
+        self._native.fill_kv(seq_id, n, seed)
+
     def info(self, seq_id: int) -> dict[str, Any]:
         return dict(self._native.info(seq_id))
 

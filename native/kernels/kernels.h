@@ -45,6 +45,8 @@ struct Kernels {
   // One KV block of cnt positions for one kv head; row j lives at row0 + j * stride.
   // s (G, ld): s[g*ld + j] = q_g . k_j for the G query heads of the group.
   // q: (G, hd) floats (f32/f16 keys); qq: (G, hd/32) quantized copies (q8_0, q8_head, q4_0 keys).
+  // For q8_head keys every block of one query head must share one scale
+  // (quantize_head), so the integer dot runs over the whole head before scaling.
   void (*attn_scores)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq,
                       int G, int hd, float* s, int ld);
   // acc (G, hd) += sum_j w[g*ld + j] * v_j over the cnt V rows of one block.
@@ -53,6 +55,9 @@ struct Kernels {
   // x[i] = exp(x[i] - mx) for i < n; returns their sum.
   float (*exp_sum)(float* x, int n, float mx);
 };
+
+// x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).
+void quantize_head(const float* x, BlockQ8A* out, int n);
 
 // Scalar reference table; always available.
 const Kernels& kernels_ref();

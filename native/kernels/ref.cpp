@@ -198,6 +198,23 @@ float exp_sum(float* x, int n, float mx) {
 
 }  // namespace
 
+void quantize_head(const float* x, BlockQ8A* out, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int b = 0; b < n / kQK; ++b) {
+    int sum = 0;
+    for (int i = 0; i < kQK; ++i) {
+      const int q = static_cast<int>(std::nearbyint(x[b * kQK + i] * id));
+      out[b].qs[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].ds = d * static_cast<float>(sum);
+  }
+}
+
 const Kernels& kernels_ref() {
   static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
                          quantize_act, dot_q, attn_scores, attn_accum, exp_sum};

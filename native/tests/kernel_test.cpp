@@ -141,7 +141,13 @@ void test_level(const Kernels& k, const Kernels& ref) {
     for (int G : {1, 3}) {
       auto q = randn(rng, static_cast<size_t>(G) * hd, 1.0f);
       std::vector<BlockQ8A> qq(static_cast<size_t>(G) * hd / kQK);
-      for (int g = 0; g < G; ++g) ref.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+      for (int g = 0; g < G; ++g) {
+        if (f == KvFormat::Q8_HEAD) {
+          quantize_head(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+        } else {
+          ref.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+        }
+      }
       const int ld = 8;
       std::vector<float> s1(G * ld, 0.0f), s2(G * ld, 0.0f);
       k.attn_scores(f, rows.data(), rb, cnt, q.data(), qq.data(), G, hd, s1.data(), ld);

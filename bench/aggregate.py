@@ -1,0 +1,82 @@
+"""Aggregate decode tokens/s for 1, 4, 8, 16 concurrent sequences (256-token
+prompts), ours (one batched step per token of every sequence) against llama.cpp
+(one llama_decode per step over a batch with one token of each sequence id).
+
+    .venv/bin/python bench/aggregate.py [--peer-python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.engine import Engine, Sampling
+from worker.models import resolve_model
+
+
+def ours(model: Path, kv: str, n_seq: int, prompt_len: int, n_new: int, threads: int) -> float:
+    eng = Engine(model, kv_k=kv, kv_v=kv, threads=threads, max_batch_tokens=512)
+    ids = [
+        eng.add_sequence([(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)],
+                         Sampling(max_new_tokens=n_new + 1, stop_tokens=()))
+        for s in range(n_seq)
+    ]
+    first: set[int] = set()
+    while len(first) < n_seq:  # prefill every sequence (each yields its first token)
+        first.update(eng.step())
+    t0 = time.perf_counter()
+    made = 0
+    while eng.busy():
+        made += len(eng.step())
+    dt = time.perf_counter() - t0
+    for i in ids:
+        eng.free(i)
+    return made / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--peer-python", default=sys.executable)
+    ap.add_argument("--n-seq", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--kv", nargs="+", default=["f16", "q8_0"])
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--n-new", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peer-cache", default=None, help="JSON file to reuse llama.cpp results from (written when missing)")
+    args = ap.parse_args()
+    model = resolve_model(args.model)
+    cases = [{"kv": kv, "flash_attn": fa, "n_seq": n} for n in args.n_seq for kv in args.kv for fa in (False, True)]
+    cfg = {"mode": "aggregate", "model": str(model), "cases": cases, "prompt_len": args.prompt_len,
+           "n_new": args.n_new, "threads": args.threads}
+    cache = Path(args.peer_cache) if args.peer_cache else None
+    if cache is not None and cache.exists():
+        peer = json.loads(cache.read_text())
+    else:
+        proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
+        peer = json.loads(proc.stdout.strip().splitlines()[-1])
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(peer, indent=1))
+    print(f"# aggregate decode, {args.prompt_len}-token prompts, {args.n_new} new tokens each, {args.threads} threads")
+    print(f"# llama-cpp-python {peer['version']}; ratio = ours / llama.cpp's faster flash-attention setting")
+    print(f"{'seqs':>5} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}")
+    for n in args.n_seq:
+        for kv in args.kv:
+            mine = ours(model, kv, n, args.prompt_len, args.n_new, args.threads)
+            rates = {r["flash_attn"]: r.get("tokens_per_s") for r in peer["results"] if r["kv"] == kv and r["n_seq"] == n}
+            best = max((v for v in rates.values() if v), default=None)
+            fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
+            ratio = mine / best if best else float("nan")
+            print(f"{n:5d} {kv:>6} {mine:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} {ratio:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
