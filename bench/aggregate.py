@@ -21,8 +21,10 @@ from worker.models import resolve_model
 def ours(model: Path, kv: str, n_seq: int, prompt_len: int, n_new: int, threads: int) -> float:
     eng = Engine(model, kv_k=kv, kv_v=kv, threads=threads, max_batch_tokens=512)
     ids = [
-        eng.add_sequence([(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)],
-                         Sampling(max_new_tokens=n_new + 1, stop_tokens=()))
+        eng.add_sequence(
+            [(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)],
+            Sampling(max_new_tokens=n_new + 1, stop_tokens=()),
+        )
         for s in range(n_seq)
     ]
     first: set[int] = set()
@@ -47,18 +49,29 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--n-new", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--peer-cache", default=None, help="JSON file to reuse llama.cpp results from (written when missing)")
+    ap.add_argument(
+        "--peer-cache", default=None, help="JSON file to reuse llama.cpp results from (written when missing)"
+    )
     args = ap.parse_args()
     model = resolve_model(args.model)
     cases = [{"kv": kv, "flash_attn": fa, "n_seq": n} for n in args.n_seq for kv in args.kv for fa in (False, True)]
-    cfg = {"mode": "aggregate", "model": str(model), "cases": cases, "prompt_len": args.prompt_len,
-           "n_new": args.n_new, "threads": args.threads}
+    cfg = {
+        "mode": "aggregate",
+        "model": str(model),
+        "cases": cases,
+        "prompt_len": args.prompt_len,
+        "n_new": args.n_new,
+        "threads": args.threads,
+    }
     cache = Path(args.peer_cache) if args.peer_cache else None
     if cache is not None and cache.exists():
         peer = json.loads(cache.read_text())
     else:
-        proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
         peer = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -71,7 +84,9 @@ def main() -> None:
     for n in args.n_seq:
         for kv in args.kv:
             mine = ours(model, kv, n, args.prompt_len, args.n_new, args.threads)
-            rates = {r["flash_attn"]: r.get("tokens_per_s") for r in peer["results"] if r["kv"] == kv and r["n_seq"] == n}
+            rates = {
+                r["flash_attn"]: r.get("tokens_per_s") for r in peer["results"] if r["kv"] == kv and r["n_seq"] == n
+            }
             best = max((v for v in rates.values() if v), default=None)
             fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
             ratio = mine / best if best else float("nan")

@@ -56,8 +56,11 @@ def main() -> None:
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
     ap.add_argument("--kv", nargs="+", default=["f32", "f16", "q8_0", "q8_head", "q4_0"])
-    ap.add_argument("--peer-cache", default=None,
-                    help="JSON file to reuse llama.cpp results from (written when missing); the peer is slow at depth")
+    ap.add_argument(
+        "--peer-cache",
+        default=None,
+        help="JSON file to reuse llama.cpp results from (written when missing); the peer is slow at depth",
+    )
     ap.add_argument("--n-decode", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -70,8 +73,11 @@ def main() -> None:
     if cache is not None and cache.exists():
         peer = json.loads(cache.read_text())
     else:
-        proc = subprocess.run([args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
         peer = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -81,11 +87,15 @@ def main() -> None:
 
     bandwidth = _native.measure_read_bandwidth(args.threads, 1 << 30, 3)
     print(f"# decode, 1 sequence, {args.threads} threads, {model.name}, {platform.processor() or platform.machine()}")
-    print(f"# read bandwidth measured now with {args.threads} threads: {bandwidth / 1e9:.1f} GB/s; "
-          "'of limit' = ours / (bandwidth / bytes a decode step must read: weights + KV)")
+    print(
+        f"# read bandwidth measured now with {args.threads} threads: {bandwidth / 1e9:.1f} GB/s; "
+        "'of limit' = ours / (bandwidth / bytes a decode step must read: weights + KV)"
+    )
     print(f"# llama-cpp-python {peer['version']}; ratio = ours / llama.cpp's faster flash-attention setting")
-    print(f"{'depth':>6} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}"
-          f" {'of limit':>8} {'llama':>6} {'ours pp/s':>10} {'llama pp/s':>10} {'ratio':>6}")
+    print(
+        f"{'depth':>6} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}"
+        f" {'of limit':>8} {'llama':>6} {'ours pp/s':>10} {'llama pp/s':>10} {'ratio':>6}"
+    )
     for d in args.depths:
         for kv in args.kv:
             mine = ours(model, kv, d, args.n_decode, args.threads)
@@ -95,10 +105,12 @@ def main() -> None:
             pp = max((r.get("prefill_tokens_per_s") or 0 for r in theirs.values()), default=0)
             fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
             limit = bandwidth / mine["step_bytes"]
-            print(f"{d:6d} {kv:>6} {mine['tokens_per_s']:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} "
-                  f"{(mine['tokens_per_s'] / best if best else float('nan')):6.2f} "
-                  f"{mine['tokens_per_s'] / limit:8.2f} {(best or 0) / limit:6.2f} "
-                  f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f} {mine['prefill_tokens_per_s'] / pp if pp else 0:6.2f}")
+            print(
+                f"{d:6d} {kv:>6} {mine['tokens_per_s']:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} "
+                f"{(mine['tokens_per_s'] / best if best else float('nan')):6.2f} "
+                f"{mine['tokens_per_s'] / limit:8.2f} {(best or 0) / limit:6.2f} "
+                f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f} {mine['prefill_tokens_per_s'] / pp if pp else 0:6.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ def main() -> None:
         base = step_seconds(eng, 1, args.steps)
         table[fmt] = {d: (step_seconds(eng, d, args.steps) - base) / (d * layers) * 1e9 for d in args.depths}
     f16 = table["f16"]
-    print(f"# attention cost per cached position per layer (all {eng.config['n_head_kv']} KV heads), "
-          f"{args.threads} threads, {model.name}")
+    print(
+        f"# attention cost per cached position per layer (all {eng.config['n_head_kv']} KV heads), "
+        f"{args.threads} threads, {model.name}"
+    )
     head = " ".join(f"{'ns@' + str(d):>9} {'x f16':>6}" for d in args.depths)
     print(f"{'format':>8} {'bytes/pos':>9} {'x f16':>6} {head}")
     for fmt in FORMATS:

@@ -18,8 +18,16 @@ GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
 def decode_rate(model: str, kv: str, flash: bool, depth: int, n_decode: int, threads: int) -> dict:
     def make(n_ctx: int) -> llama_cpp.Llama:
         return llama_cpp.Llama(
-            model_path=model, n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-            type_k=GGML_TYPE[kv], type_v=GGML_TYPE[kv], flash_attn=flash, verbose=False, logits_all=False,
+            model_path=model,
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=GGML_TYPE[kv],
+            type_v=GGML_TYPE[kv],
+            flash_attn=flash,
+            verbose=False,
+            logits_all=False,
         )
 
     # The smallest context that holds the run: llama.cpp's cost can grow with n_ctx.
@@ -38,8 +46,13 @@ def decode_rate(model: str, kv: str, flash: bool, depth: int, n_decode: int, thr
     t0 = time.perf_counter()
     llm.eval(prompt)
     prefill_s = time.perf_counter() - t0
-    return {"kv": kv, "flash_attn": flash, "depth": depth, "tokens_per_s": n_decode / decode_s,
-            "prefill_tokens_per_s": 512 / prefill_s}
+    return {
+        "kv": kv,
+        "flash_attn": flash,
+        "depth": depth,
+        "tokens_per_s": n_decode / decode_s,
+        "prefill_tokens_per_s": 512 / prefill_s,
+    }
 
 
 def aggregate_rate(model: str, kv: str, flash: bool, n_seq: int, prompt_len: int, n_new: int, threads: int) -> dict:
@@ -93,8 +106,17 @@ def main() -> None:
     if cfg.get("mode") == "aggregate":
         for case in cfg["cases"]:
             try:
-                out.append(aggregate_rate(cfg["model"], case["kv"], case["flash_attn"], case["n_seq"],
-                                          cfg["prompt_len"], cfg["n_new"], cfg["threads"]))
+                out.append(
+                    aggregate_rate(
+                        cfg["model"],
+                        case["kv"],
+                        case["flash_attn"],
+                        case["n_seq"],
+                        cfg["prompt_len"],
+                        cfg["n_new"],
+                        cfg["threads"],
+                    )
+                )
             except Exception as e:
                 out.append({**case, "error": str(e)})
         print(json.dumps({"version": llama_cpp.__version__, "results": out}))
@@ -102,8 +124,11 @@ def main() -> None:
     for case in cfg["cases"]:
         print(f"llama.cpp case {case}", file=sys.stderr, flush=True)
         try:
-            out.append(decode_rate(cfg["model"], case["kv"], case["flash_attn"], case["depth"], cfg["n_decode"],
-                                   cfg["threads"]))
+            out.append(
+                decode_rate(
+                    cfg["model"], case["kv"], case["flash_attn"], case["depth"], cfg["n_decode"], cfg["threads"]
+                )
+            )
         except Exception as e:  # a configuration llama.cpp refuses (e.g. quantized V without flash attention)
             out.append({**case, "error": str(e)})
     print(json.dumps({"version": llama_cpp.__version__, "results": out}))

@@ -17,10 +17,18 @@ NATIVE = ROOT / "native"
 
 
 def build_and_run(build_dir: Path, extra_cmake: list[str], runner: list[str]) -> str:
-    subprocess.run(["cmake", "-S", str(NATIVE), "-B", str(build_dir), "-DKVS_BUILD_TESTS=ON", *extra_cmake],
-                   check=True, capture_output=True, text=True)
-    subprocess.run(["cmake", "--build", str(build_dir), "--target", "kvs_kernel_test", "-j", "2"],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["cmake", "-S", str(NATIVE), "-B", str(build_dir), "-DKVS_BUILD_TESTS=ON", *extra_cmake],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build_dir), "--target", "kvs_kernel_test", "-j", "2"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     proc = subprocess.run([*runner, str(build_dir / "kvs_kernel_test")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return proc.stdout
@@ -47,8 +55,11 @@ def test_aarch64_neon_under_qemu() -> None:
             pytest.fail("aarch64 cross toolchain or qemu-user missing: apt-get install g++-aarch64-linux-gnu qemu-user")
         pytest.skip("aarch64 cross toolchain or qemu-user not installed (make test installs them when root)")
     toolchain = NATIVE / "cmake" / "aarch64-linux-gnu.cmake"
-    out = build_and_run(ROOT / "build" / "aarch64-test", [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"],
-                        ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
+    out = build_and_run(
+        ROOT / "build" / "aarch64-test",
+        [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"],
+        ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"],
+    )
     passed, failed, levels = summary(out)
     assert failed == 0 and passed > 0
     assert {"neon", "neon_dotprod"} <= set(levels.split()), levels
