@@ -47,8 +47,12 @@ format: setup
 	$(VENV)/bin/ruff format swarm worker tests bench
 	clang-format -i native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h
 
+# Side-by-side benchmarks against llama.cpp (llama-cpp-python compiles llama.cpp on first install).
 bench: build
-	$(PY) bench/decode.py
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) bench/decode.py --depths 0 2048 8150
+	$(PY) bench/aggregate.py
+	$(PY) bench/exchange_rate.py --plot docs/exchange_rate.png
 
 clean:
 	rm -rf build $(VENV)

@@ -72,6 +72,9 @@ def aggregate_rate(model: str, kv: str, flash: bool, n_seq: int, prompt_len: int
     cparams.flash_attn_type = 1 if flash else 0
     cparams.kv_unified = True
     ctx = llama_cpp.llama_init_from_model(mdl, cparams)
+    if not ctx:  # e.g. a quantized V cache without flash attention
+        llama_cpp.llama_model_free(mdl)
+        raise RuntimeError("llama.cpp refused this context configuration")
     batch = llama_cpp.llama_batch_init(cparams.n_batch, 0, n_seq)
 
     def submit(tokens: list[tuple[int, int, int, bool]]) -> None:
