@@ -213,14 +213,21 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
           kern.dequant_row(tgt[n]->w->type, tgt[n]->w->row(r), buf + n * cols, cols);
         }
       }
+      // Quantized rows: one batched call decodes each weight block once for all T rows.
+      for (int j = 0; j < n; ++j) {
+        const Weight& w = *tgt[j]->w;
+        if (is_quantized(w.type)) {
+          kern.dot_q_batch(w.type, w.row(row[j]), ws.xq.data(), nb, T, cols, tgt[j]->out + row[j], w.rows);
+        }
+      }
       for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<size_t>(t) * cols;
-        const BlockQ8A* xq = any_quantized ? ws.xq.data() + static_cast<size_t>(t) * nb : nullptr;
         for (int j = 0; j < n; ++j) {
           const Weight& w = *tgt[j]->w;
-          tgt[j]->out[static_cast<size_t>(t) * w.rows + row[j]] =
-              is_quantized(w.type) ? kern.dot_q(w.type, w.row(row[j]), xq, cols)
-                                   : kern.dot_f32(buf + j * cols, xr, static_cast<int>(cols));
+          if (!is_quantized(w.type)) {
+            tgt[j]->out[static_cast<size_t>(t) * w.rows + row[j]] =
+                kern.dot_f32(buf + j * cols, xr, static_cast<int>(cols));
+          }
         }
       }
     }

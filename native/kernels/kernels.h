@@ -42,6 +42,10 @@ struct Kernels {
   void (*quantize_act)(const float* x, BlockQ8A* out, int64_t n);
   // One Q4_0 / Q4_1 / Q8_0 weight row (n,) . quantized activations (n/32 blocks) -> scalar.
   float (*dot_q)(GgmlType type, const void* w, const BlockQ8A* a, int64_t n);
+  // One weight row against T activation rows: out[t * out_stride] = w . a_t, where
+  // a_t = a + t * a_stride blocks. Each weight block is decoded once for all T rows.
+  void (*dot_q_batch)(GgmlType type, const void* w, const BlockQ8A* a, int64_t a_stride, int T, int64_t n,
+                      float* out, int64_t out_stride);
   // One KV block of cnt positions for one kv head; row j lives at row0 + j * stride.
   // s (G, ld): s[g*ld + j] = q_g . k_j for the G query heads of the group.
   // q: (G, hd) floats (f32/f16 keys); qq: (G, hd/32) quantized copies (q8_0, q8_head, q4_0 keys).

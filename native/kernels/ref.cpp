@@ -168,6 +168,11 @@ float score_row(KvFormat f, const uint8_t* krow, const float* q, const BlockQ8A*
   return 0.0f;
 }
 
+void dot_q_batch(GgmlType type, const void* w, const BlockQ8A* a, int64_t a_stride, int T, int64_t n, float* out,
+                 int64_t out_stride) {
+  for (int t = 0; t < T; ++t) out[t * out_stride] = dot_q(type, w, a + t * a_stride, n);
+}
+
 void attn_scores(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq, int G,
                  int hd, float* s, int ld) {
   const int nb = hd / kQK;
@@ -217,7 +222,7 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 
 const Kernels& kernels_ref() {
   static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
-                         quantize_act, dot_q, attn_scores, attn_accum, exp_sum};
+                         quantize_act, dot_q, dot_q_batch, attn_scores, attn_accum, exp_sum};
   return k;
 }
 

@@ -108,6 +108,23 @@ void test_level(const Kernels& k, const Kernels& ref) {
       for (int i = 0; i < n; ++i) sc += std::fabs(want[i] * act[i]);
       check(close(k.dot_q(t, row.data(), qa.data(), n), ref.dot_q(t, row.data(), qa.data(), n), sc, 1e-5),
             L + " dot_q " + type_traits(static_cast<uint32_t>(t)).name);
+      // 11 activation rows (more than one tile of 8), strided output.
+      const int T = 11;
+      auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
+      std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
+      for (int r = 0; r < T; ++r) ref.quantize_act(acts.data() + r * n, qt.data() + r * n / kQK, n);
+      std::vector<float> o1(2 * T, NAN), o2(2 * T, NAN);
+      k.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o1.data(), 2);
+      ref.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o2.data(), 2);
+      bool okb = true;
+      for (int r = 0; r < T; ++r) {
+        okb = okb && close(o1[2 * r], o2[2 * r], sc, 1e-5) && std::isnan(o1[2 * r + 1]);
+      }
+      // A row's result must not depend on how many rows share the call (batch invariance).
+      float single = NAN;
+      k.dot_q_batch(t, row.data(), qt.data() + 3 * (n / kQK), n / kQK, 1, n, &single, 1);
+      okb = okb && single == o1[2 * 3];
+      check(okb, L + " dot_q_batch " + type_traits(static_cast<uint32_t>(t)).name);
     }
   }
   {
