@@ -66,40 +66,52 @@ def main() -> None:
     args = ap.parse_args()
     model = resolve_model(args.model)
 
-    peer_kv = [kv for kv in args.kv if kv != "q8_head"]  # llama.cpp has no per-head int8 cache
-    cases = [{"kv": kv, "flash_attn": fa, "depth": d} for d in args.depths for kv in peer_kv for fa in (False, True)]
-    peer_cfg = {"model": str(model), "cases": cases, "n_decode": args.n_decode, "threads": args.threads}
     cache = Path(args.peer_cache) if args.peer_cache else None
-    if cache is not None and cache.exists():
-        peer = json.loads(cache.read_text())
-    else:
+    cached = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
+
+    def peer_for(kv: str, depth: int) -> list[dict]:
+        """llama.cpp for one (KV type, depth), fa off and on, run right before ours so both
+        see the same machine load (this VM's bandwidth was seen to vary 2x within an hour)."""
+        if kv == "q8_head":  # llama.cpp has no per-head int8 cache
+            return []
+        if cached is not None:
+            return [r for r in cached["results"] if r["kv"] == kv and r["depth"] == depth]
+        cfg = {
+            "model": str(model),
+            "n_decode": args.n_decode,
+            "threads": args.threads,
+            "cases": [{"kv": kv, "flash_attn": fa, "depth": depth} for fa in (False, True)],
+        }
         proc = subprocess.run(
-            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(peer_cfg)],
+            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
             capture_output=True,
             text=True,
         )
         if proc.returncode != 0:
             sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
-        peer = json.loads(proc.stdout.strip().splitlines()[-1])
-        if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(peer, indent=1))
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        peer_version[0] = out["version"]
+        return out["results"]
 
+    peer_version = [cached["version"] if cached else "?"]
+    all_peer: list[dict] = []
     bandwidth = _native.measure_read_bandwidth(args.threads, 1 << 30, 3)
     print(f"# decode, 1 sequence, {args.threads} threads, {model.name}, {platform.processor() or platform.machine()}")
     print(
         f"# read bandwidth measured now with {args.threads} threads: {bandwidth / 1e9:.1f} GB/s; "
         "'of limit' = ours / (bandwidth / bytes a decode step must read: weights + KV)"
     )
-    print(f"# llama-cpp-python {peer['version']}; ratio = ours / llama.cpp's faster flash-attention setting")
+    print("# ratio = ours / llama.cpp's faster flash-attention setting for the same KV type, measured back to back")
     print(
         f"{'depth':>6} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}"
         f" {'of limit':>8} {'llama':>6} {'ours pp/s':>10} {'llama pp/s':>10} {'ratio':>6}"
     )
     for d in args.depths:
         for kv in args.kv:
+            peer_rows = peer_for(kv, d)
+            all_peer.extend(peer_rows)
             mine = ours(model, kv, d, args.n_decode, args.threads)
-            theirs = {r["flash_attn"]: r for r in peer["results"] if r["kv"] == kv and r["depth"] == d}
+            theirs = {r["flash_attn"]: r for r in peer_rows}
             rates = {fa: r.get("tokens_per_s") for fa, r in theirs.items()}
             best = max((v for v in rates.values() if v), default=None)
             pp = max((r.get("prefill_tokens_per_s") or 0 for r in theirs.values()), default=0)
@@ -111,6 +123,11 @@ def main() -> None:
                 f"{mine['tokens_per_s'] / limit:8.2f} {(best or 0) / limit:6.2f} "
                 f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f} {mine['prefill_tokens_per_s'] / pp if pp else 0:6.2f}"
             )
+
+    print(f"# llama-cpp-python {peer_version[0]}")
+    if cache is not None and cached is None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"version": peer_version[0], "results": all_peer}, indent=1))
 
 
 if __name__ == "__main__":

@@ -217,7 +217,11 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
       for (int j = 0; j < n; ++j) {
         const Weight& w = *tgt[j]->w;
         if (is_quantized(w.type)) {
-          kern.dot_q_batch(w.type, w.row(row[j]), ws.xq.data(), nb, T, cols, tgt[j]->out + row[j], w.rows);
+          if (T == 1) {  // same arithmetic as the batched kernel, with no tile set-up
+            tgt[j]->out[row[j]] = kern.dot_q(w.type, w.row(row[j]), ws.xq.data(), cols);
+          } else {
+            kern.dot_q_batch(w.type, w.row(row[j]), ws.xq.data(), nb, T, cols, tgt[j]->out + row[j], w.rows);
+          }
         }
       }
       for (int t = 0; t < T; ++t) {
