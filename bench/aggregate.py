@@ -8,11 +8,11 @@ prompts), ours (one batched step per token of every sequence) against llama.cpp
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from peer import Peer  # bench/peer.py (bench scripts run from bench/)
 
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
@@ -54,15 +54,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     model = resolve_model(args.model)
-    cache = Path(args.peer_cache) if args.peer_cache else None
-    cached = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
-    peer_version = [cached["version"] if cached else "?"]
-    all_peer: list[dict] = []
+    peer = Peer(args.peer_python, args.peer_cache)
 
     def peer_for(kv: str, n: int) -> list[dict]:
-        """llama.cpp for one (KV type, sequence count), fa off and on, right before ours."""
-        if cached is not None:
-            return [r for r in cached["results"] if r["kv"] == kv and r["n_seq"] == n]
+        """llama.cpp for one (KV type, sequence count), flash attention off and on."""
         cfg = {
             "mode": "aggregate",
             "model": str(model),
@@ -71,16 +66,7 @@ def main() -> None:
             "threads": args.threads,
             "cases": [{"kv": kv, "flash_attn": fa, "n_seq": n} for fa in (False, True)],
         }
-        proc = subprocess.run(
-            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        peer_version[0] = out["version"]
-        return out["results"]
+        return peer.run(cfg, lambda r: r["kv"] == kv and r["n_seq"] == n)
 
     print(f"# aggregate decode, {args.prompt_len}-token prompts, {args.n_new} new tokens each, {args.threads} threads")
     print("# ratio = ours / llama.cpp's faster flash-attention setting for the same KV type, measured back to back")
@@ -88,7 +74,6 @@ def main() -> None:
     for n in args.n_seq:
         for kv in args.kv:
             peer_rows = peer_for(kv, n)
-            all_peer.extend(peer_rows)
             mine = ours(model, kv, n, args.prompt_len, args.n_new, args.threads)
             rates = {r["flash_attn"]: r.get("tokens_per_s") for r in peer_rows}
             best = max((v for v in rates.values() if v), default=None)
@@ -96,10 +81,8 @@ def main() -> None:
             ratio = mine / best if best else float("nan")
             print(f"{n:5d} {kv:>6} {mine:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} {ratio:6.2f}")
 
-    print(f"# llama-cpp-python {peer_version[0]}")
-    if cache is not None and cached is None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"version": peer_version[0], "results": all_peer}, indent=1))
+    print(f"# llama-cpp-python {peer.version}")
+    peer.save()
 
 
 if __name__ == "__main__":

@@ -10,12 +10,12 @@ interpreter), which needs `pip install llama-cpp-python` (it compiles llama.cpp)
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from peer import Peer  # bench/peer.py (bench scripts run from bench/)
 
 from worker import _native
 from worker.engine import Engine, Sampling
@@ -66,35 +66,20 @@ def main() -> None:
     args = ap.parse_args()
     model = resolve_model(args.model)
 
-    cache = Path(args.peer_cache) if args.peer_cache else None
-    cached = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
+    peer = Peer(args.peer_python, args.peer_cache)
 
     def peer_for(kv: str, depth: int) -> list[dict]:
-        """llama.cpp for one (KV type, depth), fa off and on, run right before ours so both
-        see the same machine load (this VM's bandwidth was seen to vary 2x within an hour)."""
+        """llama.cpp for one (KV type, depth), flash attention off and on."""
         if kv == "q8_head":  # llama.cpp has no per-head int8 cache
             return []
-        if cached is not None:
-            return [r for r in cached["results"] if r["kv"] == kv and r["depth"] == depth]
         cfg = {
             "model": str(model),
             "n_decode": args.n_decode,
             "threads": args.threads,
             "cases": [{"kv": kv, "flash_attn": fa, "depth": depth} for fa in (False, True)],
         }
-        proc = subprocess.run(
-            [args.peer_python, str(Path(__file__).with_name("llama_peer.py")), json.dumps(cfg)],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"llama.cpp peer failed (install llama-cpp-python or pass --peer-python):\n{proc.stderr[-2000:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        peer_version[0] = out["version"]
-        return out["results"]
+        return peer.run(cfg, lambda r: r["kv"] == kv and r["depth"] == depth)
 
-    peer_version = [cached["version"] if cached else "?"]
-    all_peer: list[dict] = []
     bandwidth = _native.measure_read_bandwidth(args.threads, 1 << 30, 3)
     print(f"# decode, 1 sequence, {args.threads} threads, {model.name}, {platform.processor() or platform.machine()}")
     print(
@@ -109,7 +94,6 @@ def main() -> None:
     for d in args.depths:
         for kv in args.kv:
             peer_rows = peer_for(kv, d)
-            all_peer.extend(peer_rows)
             mine = ours(model, kv, d, args.n_decode, args.threads)
             theirs = {r["flash_attn"]: r for r in peer_rows}
             rates = {fa: r.get("tokens_per_s") for fa, r in theirs.items()}
@@ -124,10 +108,8 @@ def main() -> None:
                 f"{mine['prefill_tokens_per_s']:10.1f} {pp:10.1f} {mine['prefill_tokens_per_s'] / pp if pp else 0:6.2f}"
             )
 
-    print(f"# llama-cpp-python {peer_version[0]}")
-    if cache is not None and cached is None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"version": peer_version[0], "results": all_peer}, indent=1))
+    print(f"# llama-cpp-python {peer.version}")
+    peer.save()
 
 
 if __name__ == "__main__":
