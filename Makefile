@@ -49,7 +49,7 @@ format: setup
 
 # Side-by-side benchmarks against llama.cpp (llama-cpp-python compiles llama.cpp on first install).
 bench: build
-	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[bench]"
 	$(PY) bench/decode.py --depths 0 2048 8150
 	$(PY) bench/aggregate.py
 	$(PY) bench/exchange_rate.py --plot docs/exchange_rate.png
