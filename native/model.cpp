@@ -413,19 +413,22 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
     const LayerWeights& L = layers_[l];
     rmsnorm_rows(ws.x.data(), L.attn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
     matmul({{&L.wq, ws.q.data()}, {&L.wk, ws.k.data()}, {&L.wv, ws.v.data()}}, ws.xn.data(), T, pool, kern, ws);
-    for (int t = 0; t < T; ++t) {
-      const float* cs = rope_cs.data() + static_cast<size_t>(t) * hd;
-      rope_row(ws.q.data() + static_cast<size_t>(t) * q_dim, c.n_head, hd, hd, cs);
-      rope_row(ws.k.data() + static_cast<size_t>(t) * kv_dim, c.n_head_kv, hd, hd, cs);
-      const int pos = ws.row_pos[t];
-      const int block = (*ws.row_blocks[t])[pos / bt];
-      for (int h = 0; h < c.n_head_kv; ++h) {
-        kv_store_row(g.k_format, ws.k.data() + static_cast<size_t>(t) * kv_dim + h * hd,
-                     kv.k_row(block, l, pos % bt, h), hd);
-        kv_store_row(g.v_format, ws.v.data() + static_cast<size_t>(t) * kv_dim + h * hd,
-                     kv.v_row(block, l, pos % bt, h), hd);
+    // RoPE and the K/V writes, one token row per task (rows write disjoint KV slots).
+    pool.parallel_for(T, [&](int, int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        const float* cs = rope_cs.data() + static_cast<size_t>(t) * hd;
+        rope_row(ws.q.data() + static_cast<size_t>(t) * q_dim, c.n_head, hd, hd, cs);
+        rope_row(ws.k.data() + static_cast<size_t>(t) * kv_dim, c.n_head_kv, hd, hd, cs);
+        const int pos = ws.row_pos[t];
+        const int block = (*ws.row_blocks[t])[pos / bt];
+        for (int h = 0; h < c.n_head_kv; ++h) {
+          kv_store_row(g.k_format, ws.k.data() + static_cast<size_t>(t) * kv_dim + h * hd,
+                       kv.k_row(block, l, pos % bt, h), hd);
+          kv_store_row(g.v_format, ws.v.data() + static_cast<size_t>(t) * kv_dim + h * hd,
+                       kv.v_row(block, l, pos % bt, h), hd);
+        }
       }
-    }
+    });
 
     attention(c, l, T, kv, pool, kern, ws);
 
@@ -434,10 +437,11 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
 
     rmsnorm_rows(ws.x.data(), L.ffn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
     matmul({{&L.gate, ws.ff_gate.data()}, {&L.up, ws.ff_up.data()}}, ws.xn.data(), T, pool, kern, ws);
-    for (size_t i = 0; i < st * c.n_ff; ++i) {
-      const float gv = ws.ff_gate[i];
-      ws.ff_gate[i] = gv / (1.0f + std::exp(-gv)) * ws.ff_up[i];
-    }
+    pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        kern.silu_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
+      }
+    });
     matmul({{&L.down, ws.xn.data()}}, ws.ff_gate.data(), T, pool, kern, ws);
     for (size_t i = 0; i < st * d; ++i) ws.x[i] += ws.xn[i];
   }

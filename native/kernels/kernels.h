@@ -58,6 +58,8 @@ struct Kernels {
                      int G, int hd);
   // x[i] = exp(x[i] - mx) for i < n; returns their sum.
   float (*exp_sum)(float* x, int n, float mx);
+  // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
+  void (*silu_mul)(float* g, const float* u, int n);
 };
 
 // x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).

@@ -201,6 +201,10 @@ float exp_sum(float* x, int n, float mx) {
   return sum;
 }
 
+void silu_mul(float* g, const float* u, int n) {
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 }  // namespace
 
 void quantize_head(const float* x, BlockQ8A* out, int n) {
@@ -222,7 +226,7 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 
 const Kernels& kernels_ref() {
   static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
-                         quantize_act, dot_q, dot_q_batch, attn_scores, attn_accum, exp_sum};
+                         quantize_act, dot_q, dot_q_batch, attn_scores, attn_accum, exp_sum, silu_mul};
   return k;
 }
 

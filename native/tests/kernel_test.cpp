@@ -190,6 +190,19 @@ void test_level(const Kernels& k, const Kernels& ref) {
     bool ok = close(s1, s2, s2, 1e-5);
     for (int i = 0; i < n; ++i) ok = ok && close(x[i], y[i], y[i], 2e-6, 1e-30);
     check(ok, L + " exp_sum");
+    std::normal_distribution<float> nd(0.0f, 4.0f);
+    std::vector<float> g(n), up(n);
+    for (int i = 0; i < n; ++i) {
+      g[i] = nd(rng);
+      up[i] = nd(rng);
+    }
+    g[0] = -100.0f;  // exp(100) overflows without clamping: must give -0, not NaN
+    auto g2 = g;
+    k.silu_mul(g.data(), up.data(), n);
+    ref.silu_mul(g2.data(), up.data(), n);
+    ok = true;
+    for (int i = 0; i < n; ++i) ok = ok && close(g[i], g2[i], std::fabs(g2[i]), 1e-5);
+    check(ok, L + " silu_mul");
   }
 }
 
