@@ -284,20 +284,24 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
 int32_t Engine::sample(Sequence& s, const float* logits_in) {
   const int nv = model_->config().n_vocab;
   const SamplingParams& sp = s.sp;
-  std::vector<float> l(logits_in, logits_in + nv);
+  // The logits are copied only when the repetition penalty changes them.
+  const float* l = logits_in;
+  std::vector<float> penalized;
   if (sp.repetition_penalty != 1.0f && sp.repeat_last_n > 0) {
     // llama.cpp's rule: divide positive logits, multiply negative ones, once per distinct token.
+    penalized.assign(logits_in, logits_in + nv);
     std::unordered_set<int32_t> seen;
     const size_t n = s.tokens.size();
     const size_t from = n > static_cast<size_t>(sp.repeat_last_n) ? n - sp.repeat_last_n : 0;
     for (size_t i = from; i < n; ++i) {
       const int32_t t = s.tokens[i];
       if (!seen.insert(t).second) continue;
-      l[t] = l[t] > 0.0f ? l[t] / sp.repetition_penalty : l[t] * sp.repetition_penalty;
+      penalized[t] = penalized[t] > 0.0f ? penalized[t] / sp.repetition_penalty : penalized[t] * sp.repetition_penalty;
     }
+    l = penalized.data();
   }
   if (sp.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());  // first max on ties
+    return static_cast<int32_t>(std::max_element(l, l + nv) - l);  // first max on ties
   }
   std::vector<int32_t> cand(nv);
   std::iota(cand.begin(), cand.end(), 0);

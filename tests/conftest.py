@@ -14,7 +14,7 @@ import refmodel  # noqa: E402
 from worker.engine import isa_levels  # noqa: E402
 from worker.models import default_model_path  # noqa: E402
 
-WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+WEIGHT_TYPES = list(refmodel.WEIGHT_TYPES)
 KV_FORMATS = ["f32", "f16", "q8_0", "q8_head", "q4_0"]
 ISA_LEVELS = isa_levels()
 

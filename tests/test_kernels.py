@@ -3,7 +3,6 @@ gguf-py (an independent implementation of the ggml block layouts)."""
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import refmodel
@@ -18,14 +17,7 @@ DOT_REL_LIMIT = 1e-5
 # float32 multiply, or a fused multiply-add for Q4_1), so levels agree to float32 rounding.
 DEQUANT_LIMIT = 1e-6
 
-QTYPES = {
-    "F32": gguf.GGMLQuantizationType.F32,
-    "F16": gguf.GGMLQuantizationType.F16,
-    "BF16": gguf.GGMLQuantizationType.BF16,
-    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
-    "Q4_0": gguf.GGMLQuantizationType.Q4_0,
-    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
-}
+QTYPES = refmodel.WEIGHT_TYPES  # {name: gguf type} for every weight format
 
 
 @pytest.mark.parametrize("isa", ISA_LEVELS)

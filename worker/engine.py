@@ -6,6 +6,7 @@ compiled `worker._native` module.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -195,7 +196,7 @@ class Engine:
         stop_tokens = tuple(base.stop_tokens)
         if stop_at_eos:
             stop_tokens += tuple(sorted(self.tokenizer.eot_ids))
-        sp = Sampling(**{**base.__dict__, "max_new_tokens": max_tokens, "stop_tokens": stop_tokens})
+        sp = dataclasses.replace(base, max_new_tokens=max_tokens, stop_tokens=stop_tokens)
         decoder = self.tokenizer.stream_decoder(skip_special=True)
         t0 = time.perf_counter()
         seq = self.add_sequence(prompt_ids, sp, generate=max_tokens > 0)
