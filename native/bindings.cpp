@@ -97,7 +97,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
                        size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
-                       const std::string& isa, bool float_activations) {
+                       const std::string& isa, bool float_activations, bool prefix_sharing) {
              EngineOptions o;
              o.model_path = model;
              o.kv_k = kv_k;
@@ -108,12 +108,14 @@ PYBIND11_MODULE(_native, m) {
              o.max_batch_tokens = max_batch_tokens;
              o.isa = isa;
              o.float_activations = float_activations;
+             o.prefix_sharing = prefix_sharing;
              py::gil_scoped_release release;
              return std::make_unique<Engine>(o);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_k") = "f16", py::arg("kv_v") = "f16",
            py::arg("kv_budget_bytes") = 0, py::arg("threads") = 2, py::arg("block_tokens") = 16,
-           py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false)
+           py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false,
+           py::arg("prefix_sharing") = true)
       .def_property_readonly("isa", &Engine::isa)
       .def_property_readonly("config", [](const Engine& e) {
         const ModelConfig& c = e.config();
@@ -170,6 +172,8 @@ PYBIND11_MODULE(_native, m) {
         d["bytes_used"] = s.bytes_used;
         d["bytes_allocated"] = s.bytes_allocated;
         d["blocks_in_use"] = s.blocks_in_use;
+        d["blocks_shared"] = s.blocks_shared;
+        d["prefix_tokens_reused"] = s.prefix_tokens_reused;
         d["weight_bytes"] = s.weight_bytes;
         d["scratch_bytes"] = s.scratch_bytes;
         d["sequences"] = s.sequences;

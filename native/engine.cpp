@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace kvs {
@@ -82,9 +83,59 @@ int Engine::add_sequence(const std::vector<int32_t>& tokens, const SamplingParam
   s.sp = sp;
   s.rng.seed(sp.seed);
   s.generating = generate;
+  // A generating sequence computes at least its last prompt token (for its logits).
+  if (opt_.prefix_sharing) share_prefix(s, static_cast<int>(tokens.size()) - (generate ? 1 : 0));
   const int id = s.id;
   seqs_.emplace(id, std::move(s));
   return id;
+}
+
+std::vector<int32_t> Engine::block_key(const Sequence& s, int i, int parent) const {
+  const int bt = kv_->geometry().block_tokens;
+  std::vector<int32_t> key;
+  key.reserve(bt + 1);
+  key.push_back(parent);
+  key.insert(key.end(), s.tokens.begin() + static_cast<ptrdiff_t>(i) * bt,
+             s.tokens.begin() + static_cast<ptrdiff_t>(i + 1) * bt);
+  return key;
+}
+
+void Engine::share_prefix(Sequence& s, int limit) {
+  const int bt = kv_->geometry().block_tokens;
+  int parent = -1;
+  for (int i = 0; (i + 1) * bt <= limit; ++i) {
+    auto it = prefix_index_.find(block_key(s, i, parent));
+    if (it == prefix_index_.end()) break;
+    kv_->share(it->second);
+    s.blocks.push_back(it->second);
+    parent = it->second;
+  }
+  s.n_past = static_cast<int>(s.blocks.size()) * bt;
+  s.published = static_cast<int>(s.blocks.size());
+  prefix_tokens_reused_ += static_cast<size_t>(s.n_past);
+}
+
+void Engine::publish_blocks(Sequence& s) {
+  if (!opt_.prefix_sharing || s.synthetic) return;
+  const int bt = kv_->geometry().block_tokens;
+  for (; s.published < s.n_past / bt; ++s.published) {
+    const int i = s.published;
+    const int block = s.blocks[i];
+    if (indexed_key_.count(block)) continue;  // already indexed (shared from another sequence)
+    std::vector<int32_t> key = block_key(s, i, i == 0 ? -1 : s.blocks[i - 1]);
+    if (prefix_index_.emplace(key, block).second) indexed_key_.emplace(block, std::move(key));
+  }
+}
+
+void Engine::release_blocks(Sequence& s) {
+  for (int b : s.blocks) {
+    if (!kv_->release(b)) continue;
+    auto it = indexed_key_.find(b);
+    if (it == indexed_key_.end()) continue;
+    prefix_index_.erase(it->second);
+    indexed_key_.erase(it);
+  }
+  s.blocks.clear();
 }
 
 void Engine::append(int id, const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate) {
@@ -123,7 +174,7 @@ void Engine::finish(int id) {
 void Engine::free(int id) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = get(id);
-  for (int b : s.blocks) kv_->release(b);
+  release_blocks(s);
   seqs_.erase(id);
 }
 
@@ -194,6 +245,7 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
   for (const Planned& p : plan) {
     Sequence& s = *p.s;
     s.n_past += p.take;
+    publish_blocks(s);
     if (!p.sample) continue;
     const int32_t tok = sample(s, logits_.data() + static_cast<size_t>(r) * nv);
     ++r;
@@ -247,6 +299,7 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
     model_->forward({it}, *kv_, *pool_, *kern_, ws_, logits_);
     all.insert(all.end(), logits_.begin(), logits_.begin() + static_cast<size_t>(take) * nv);
     s.n_past += take;
+    publish_blocks(s);
   }
   return all;
 }
@@ -279,6 +332,7 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
   }
   s.tokens.insert(s.tokens.end(), n, 0);
   s.n_past += n;
+  s.synthetic = true;
 }
 
 int32_t Engine::sample(Sequence& s, const float* logits_in) {
@@ -374,15 +428,30 @@ MemoryStats Engine::memory() const {
   m.block_tokens = kv_->geometry().block_tokens;
   m.budget_bytes = kv_->budget_bytes();
   m.blocks_in_use = kv_->blocks_in_use();
+  // {block: positions filled}; a shared block counts once.
+  std::unordered_map<int, int> filled;
+  const int bt = kv_->geometry().block_tokens;
+  for (const auto& [id, s] : seqs_) {
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      const int n = std::clamp(s.n_past - static_cast<int>(i) * bt, 0, bt);
+      int& f = filled[s.blocks[i]];
+      f = std::max(f, n);
+    }
+  }
+  for (const auto& [b, n] : filled) {
+    m.bytes_used += static_cast<size_t>(n) * kv_->bytes_per_token();
+    m.blocks_shared += kv_->holders(b) > 1 ? 1 : 0;
+  }
+  m.prefix_tokens_reused = prefix_tokens_reused_;
   m.bytes_reserved = kv_->blocks_in_use() * kv_->block_bytes();
   m.bytes_allocated = kv_->blocks_allocated() * kv_->block_bytes();
-  for (const auto& [id, s] : seqs_) m.bytes_used += static_cast<size_t>(s.n_past) * kv_->bytes_per_token();
   m.weight_bytes = model_->weight_bytes();
   size_t scratch = logits_.capacity() * sizeof(float);
   for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
     scratch += v->capacity() * sizeof(float);
   }
   for (const auto& v : ws_.thread_scratch) scratch += v.capacity() * sizeof(float);
+  scratch += ws_.partials.capacity() * sizeof(float) + ws_.xq.capacity() * sizeof(BlockQ8A);
   m.scratch_bytes = scratch;
   m.sequences = static_cast<int>(seqs_.size());
   return m;

@@ -27,6 +27,10 @@ struct EngineOptions {
   int max_batch_tokens = 256;  // tokens (decode + prefill chunks) per step
   std::string isa;             // "" = best available (or $KVSWARM_ISA)
   bool float_activations = false;  // see Workspace::float_activations
+  // A new sequence whose first full blocks of tokens match blocks another live
+  // sequence has computed holds those blocks instead of recomputing and
+  // storing them again (a shared system prompt costs its KV once).
+  bool prefix_sharing = true;
 };
 
 struct SamplingParams {
@@ -46,9 +50,11 @@ struct MemoryStats {
   int block_tokens = 0;
   size_t budget_bytes = 0;
   size_t bytes_reserved = 0;   // blocks held by sequences x block bytes
-  size_t bytes_used = 0;       // positions stored x bytes per token
+  size_t bytes_used = 0;       // positions stored x bytes per token (a shared position counts once)
   size_t bytes_allocated = 0;  // blocks ever allocated (held + free list) x block bytes
-  size_t blocks_in_use = 0;
+  size_t blocks_in_use = 0;    // distinct blocks held (a shared block counts once)
+  size_t blocks_shared = 0;    // blocks held by more than one sequence
+  size_t prefix_tokens_reused = 0;  // positions taken from shared blocks instead of computed, since start
   size_t weight_bytes = 0;
   size_t scratch_bytes = 0;    // activations, logits and per-thread scratch
   int sequences = 0;
@@ -118,6 +124,8 @@ class Engine {
     // The last token was sampled after the turn ended; its KV is written with the
     // next turn's prefill instead of by an extra step now.
     bool lazy_tail = false;
+    int published = 0;      // blocks [0, published) are in the prefix index or never will be
+    bool synthetic = false;  // holds fill_kv positions, whose KV does not match its tokens
   };
 
   Sequence& get(int id);
@@ -126,6 +134,13 @@ class Engine {
   // Grows the block table to cover n positions; false (blocks unchanged) if the budget is hit.
   bool ensure_blocks(Sequence& s, int n);
   int32_t sample(Sequence& s, const float* logits);
+  // Prefix index key of block i of s: [previous block id or -1, the block's tokens].
+  std::vector<int32_t> block_key(const Sequence& s, int i, int parent) const;
+  // Holds the longest run of indexed blocks matching s's first tokens (at most `limit` positions).
+  void share_prefix(Sequence& s, int limit);
+  // Indexes s's newly completed blocks so later sequences can share them.
+  void publish_blocks(Sequence& s);
+  void release_blocks(Sequence& s);
 
   EngineOptions opt_;
   const Kernels* kern_;
@@ -135,6 +150,9 @@ class Engine {
   Workspace ws_;
   std::vector<float> logits_;
   std::map<int, Sequence> seqs_;  // {id: sequence}, ordered so steps are deterministic
+  std::map<std::vector<int32_t>, int> prefix_index_;         // {block key: block id}
+  std::map<int, std::vector<int32_t>> indexed_key_;          // {block id: its key}, to unindex on free
+  size_t prefix_tokens_reused_ = 0;
   int next_id_ = 1;
   mutable std::mutex mu_;
 };

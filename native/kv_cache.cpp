@@ -41,18 +41,29 @@ int KvPool::acquire() {
     free_.pop_back();
   } else {
     blocks_.emplace_back(new uint8_t[block_bytes_]());
+    refs_.push_back(0);
     id = static_cast<int>(blocks_.size() - 1);
   }
+  refs_[id] = 1;
   ++in_use_;
   return id;
 }
 
-void KvPool::release(int block) {
-  if (block < 0 || static_cast<size_t>(block) >= blocks_.size()) {
-    throw std::invalid_argument("KvPool::release: bad block id " + std::to_string(block));
+void KvPool::share(int block) {
+  if (block < 0 || static_cast<size_t>(block) >= blocks_.size() || refs_[block] == 0) {
+    throw std::invalid_argument("KvPool::share: block " + std::to_string(block) + " is not in use");
   }
+  ++refs_[block];
+}
+
+bool KvPool::release(int block) {
+  if (block < 0 || static_cast<size_t>(block) >= blocks_.size() || refs_[block] == 0) {
+    throw std::invalid_argument("KvPool::release: block " + std::to_string(block) + " is not in use");
+  }
+  if (--refs_[block] > 0) return false;
   free_.push_back(block);
   --in_use_;
+  return true;
 }
 
 }  // namespace kvs

@@ -4,8 +4,10 @@
 // layer, K and V. Byte layout of a block:
 //   [layer][K | V][kv_head][slot (block_tokens)] rows of kv_row_bytes(format, head_dim)
 // so the rows one attention task reads (one layer, one kv head) are contiguous.
-// NOTE: block tables are append-only while a sequence lives; blocks return to
-// the pool's free list when the sequence is freed.
+// NOTE: block tables are append-only while a sequence lives. A full block may
+// be held by several sequences whose histories share that prefix (reference
+// counted, never written again); it returns to the free list when its last
+// holder is freed.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +53,11 @@ class KvPool {
 
   // Takes a block from the free list or allocates one; throws KvBudgetError past the budget.
   int acquire();
-  void release(int block);
+  // Adds a holder to a block in use (prefix sharing).
+  void share(int block);
+  // Drops one holder; the block is free when none is left. True if it was freed.
+  bool release(int block);
+  int holders(int block) const { return refs_.at(block); }
 
   size_t blocks_in_use() const { return in_use_; }
   size_t blocks_allocated() const { return blocks_.size(); }
@@ -74,6 +80,7 @@ class KvPool {
   size_t block_bytes_;
   std::vector<std::unique_ptr<uint8_t[]>> blocks_;  // every block ever allocated
   std::vector<int> free_;                           // ids of blocks not held by a sequence
+  std::vector<int> refs_;                           // {block: sequences holding it}
   size_t in_use_ = 0;
 };
 

@@ -188,7 +188,7 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
   }
   const int64_t nb = cols / kQK;
   if (any_quantized) {
-    ws.xq.resize(static_cast<size_t>(T) * nb);
+    fit(ws.xq, static_cast<size_t>(T) * nb);
     pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) kern.quantize_act(x + t * cols, ws.xq.data() + t * nb, cols);
     });
@@ -265,7 +265,7 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
   }
   ws.attn_first[static_cast<size_t>(T) * n_kv] = static_cast<int>(ws.attn_tasks.size());
   const size_t part = static_cast<size_t>(G) * (hd + 2);  // m (G), l (G), acc (G, hd)
-  ws.partials.resize(ws.attn_tasks.size() * part);
+  fit(ws.partials, ws.attn_tasks.size() * part);
 
   const size_t k_stride = kv.k_row_bytes();  // consecutive slots of one (layer, kv head)
   const size_t v_stride = kv.v_row_bytes();
@@ -362,14 +362,14 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
   const int bt = g.block_tokens;
   const size_t st = static_cast<size_t>(T);
 
-  ws.x.resize(st * d);
-  ws.xn.resize(st * std::max(d, c.n_ff));
-  ws.q.resize(st * q_dim);
-  ws.k.resize(st * kv_dim);
-  ws.v.resize(st * kv_dim);
-  ws.attn.resize(st * q_dim);
-  ws.ff_gate.resize(st * c.n_ff);
-  ws.ff_up.resize(st * c.n_ff);
+  fit(ws.x, st * d);
+  fit(ws.xn, st * std::max(d, c.n_ff));
+  fit(ws.q, st * q_dim);
+  fit(ws.k, st * kv_dim);
+  fit(ws.v, st * kv_dim);
+  fit(ws.attn, st * q_dim);
+  fit(ws.ff_gate, st * c.n_ff);
+  fit(ws.ff_up, st * c.n_ff);
   ws.row_pos.resize(st);
   ws.row_blocks.resize(st);
   // Per-thread scratch: a matmul tile, or attention's K tile, scores and accumulators.
@@ -447,7 +447,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
   }
 
   // Final norm and output projection only for the rows that need logits.
-  ws.logits_in.resize(static_cast<size_t>(R) * d);
+  fit(ws.logits_in, static_cast<size_t>(R) * d);
   {
     int t = 0, r = 0;
     for (const auto& it : items) {
@@ -459,7 +459,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
       }
     }
   }
-  logits.resize(static_cast<size_t>(R) * c.n_vocab);
+  fit(logits, static_cast<size_t>(R) * c.n_vocab);
   if (R > 0) matmul({{&output_, logits.data()}}, ws.logits_in.data(), R, pool, kern, ws);
 }
 

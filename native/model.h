@@ -66,6 +66,18 @@ struct AttnTask {
 };
 
 // Scratch buffers reused across steps; grown on demand.
+// Sizes a scratch buffer to n elements (contents are not kept). It grows to
+// exactly n, not to std::vector's doubling, so the engine's scratch bytes are a
+// function of the largest step it has run, which the planner computes.
+template <class T>
+void fit(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) {
+    std::vector<T>().swap(v);
+    v.reserve(n);
+  }
+  v.resize(n);
+}
+
 struct Workspace {
   // false: quantized weights multiply 8-bit activation blocks with integer dot
   // products (fast); true: every weight row is dequantized and dotted in float32

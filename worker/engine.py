@@ -75,6 +75,10 @@ class Engine:
     8-bit activation blocks: slower, free of activation rounding (for measuring
     what a KV format alone costs).
 
+    prefix_sharing=True (the default) lets a new sequence hold the full KV blocks
+    another live sequence computed for the same first tokens (a shared system
+    prompt is stored once); outputs are the same either way.
+
     Low-level: `add_sequence`, `append`, `step`, `finish`, `free`, `score`, `memory`.
     High-level: `generate` / `stream` for one prompt (text or token ids).
     """
@@ -91,6 +95,7 @@ class Engine:
         max_batch_tokens: int = 256,
         isa: str = "",
         float_activations: bool = False,
+        prefix_sharing: bool = True,
     ) -> None:
         for name, fmt in (("kv_k", kv_k), ("kv_v", kv_v)):
             if fmt not in KV_FORMATS:
@@ -109,6 +114,7 @@ class Engine:
             max_batch_tokens=max_batch_tokens,
             isa=isa,
             float_activations=float_activations,
+            prefix_sharing=prefix_sharing,
         )
         self.config: dict[str, Any] = dict(self._native.config)
         self._tokenizer: Tokenizer | None = None
@@ -146,6 +152,9 @@ class Engine:
 
     def free(self, seq_id: int) -> None:
         self._native.free(seq_id)
+
+    def sequence_ids(self) -> list[int]:
+        return [int(i) for i in self._native.sequence_ids()]
 
     def score(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits (n, vocab) after each of the sequence's queued tokens and `tokens`."""
