@@ -1,0 +1,27 @@
+"""Typed errors of the swarm layer, in one place.
+
+Every message names what is wrong and says how to fix it. `None` from a
+planner helper means "does not fit"; an exception means bad input or a bug.
+"""
+
+from __future__ import annotations
+
+
+class SwarmError(Exception):
+    """Base of every error kvswarm raises on purpose."""
+
+
+class ConfigError(SwarmError, ValueError):
+    """A config file or value is invalid; the message starts with the field path."""
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        self.path, self.problem, self.fix = path, problem, fix
+        super().__init__(f"{path}: {problem}. To fix: {fix}")
+
+
+class ModelFileError(SwarmError, ValueError):
+    """A GGUF file is missing, truncated or not a model kvswarm can run."""
+
+
+class NoFeasiblePlan(SwarmError):
+    """No assignment of agents to workers fits; the message says what would."""
