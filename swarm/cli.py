@@ -1,4 +1,9 @@
-"""`swarm` command line: `swarm generate` (one prompt on one engine)."""
+"""`swarm` command line.
+
+swarm generate PROMPT        one prompt on one engine
+swarm calibrate [--model]    this machine's exchange-rate table (bytes and cost per position per format)
+swarm plan CONFIG            the capacity plan for a swarm config
+"""
 
 from __future__ import annotations
 
@@ -37,6 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", default=None, help="system message (with --chat)")
     g.add_argument("--threads", type=int, default=2)
     g.add_argument("--json", action="store_true", help="print prompt and generated token ids as JSON")
+
+    c = sub.add_parser("calibrate", help="measure each KV format's cost and quality on this machine")
+    c.add_argument("--model", default=None, help="GGUF file (default: SmolLM2-135M-Instruct)")
+    c.add_argument("--quick", action="store_true", help="diagonal formats, fewer points (seconds, not minutes)")
+    c.add_argument("--remeasure", action="store_true", help="ignore the cached table and measure again")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+
+    pl = sub.add_parser("plan", help="plan a swarm: each worker's KV format and agents, with the reasons")
+    pl.add_argument("config", help="swarm config (YAML)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--plot", metavar="FILE.png", help="draw KV memory against context per format")
     return p
 
 
@@ -95,12 +112,85 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from swarm.gguf_header import read_geometry
+    from swarm.planner import Calibration, parse_pair
+    from worker.calibrate import CalibrationOptions, calibrate
+    from worker.models import resolve_model
+
+    path = resolve_model(args.model)
+    opts = CalibrationOptions.quick(args.threads) if args.quick else CalibrationOptions(threads=args.threads)
+    say = (lambda m: print(m, file=sys.stderr)) if not args.json else None
+    cal = Calibration.from_dict(calibrate(path, opts, remeasure=args.remeasure, progress=say))
+    if args.json:
+        print(json.dumps(cal.to_dict(), indent=2))
+        return 0
+    geom = read_geometry(path)
+    print(
+        f"{geom.name}: {geom.n_layer} layers, {geom.n_kv_head} KV heads, head_dim {geom.head_dim}; "
+        f"weights {geom.weight_stream_bytes:,} bytes per step"
+    )
+    print(f"machine: {cal.machine}")
+    print(exchange_rate_table(cal, lambda name: geom.kv_bytes_per_token(parse_pair(name))))
+    return 0
+
+
+def exchange_rate_table(cal, bytes_per_token) -> str:  # type: ignore[no-untyped-def]
+    """Bytes and cost per cached position for each format, relative to f16."""
+    base_b = bytes_per_token("f16")
+    base_c = cal.attn_ns.get("f16")
+    head = (
+        f"{'K/V':<16} {'bytes/pos':>10} {'vs f16':>7} {'ns/pos/layer':>13} {'vs f16':>7} {'KL vs f32':>10} {'top-1':>6}"
+    )
+    rows = [head, "-" * len(head)]
+    for name, ns in sorted(cal.attn_ns.items(), key=lambda kv: (-bytes_per_token(kv[0]), kv[0])):
+        b = bytes_per_token(name)
+        q = cal.quality.get(name)
+        rel = f"{ns / base_c:.2f}x" if base_c else "-"
+        kl = f"{q.mean_kl:.2e}" if q else "-"
+        top1 = f"{q.top1:.3f}" if q else "-"
+        rows.append(f"{name:<16} {b:>10,} {b / base_b:>6.2f}x {ns:>13.1f} {rel:>7} {kl:>10} {top1:>6}")
+    w = cal.weight_step_s
+    sizes = sorted(b for b in {1, 2, 4, 8, 16, len(w)} if b <= len(w))
+    rows.append("")
+    rows.append("decode step at tiny context (weight stream): "
+                + ", ".join(f"batch {b} {w[b - 1] * 1e3:.2f} ms" for b in sizes))  # fmt: skip
+    return "\n".join(rows)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from swarm.config import load_config
+    from swarm.planning import plan_config
+
+    cfg = load_config(args.config)
+    progress = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    plan, inp = plan_config(cfg, progress=progress)
+    if args.json:
+        print(plan.to_json())
+    else:
+        print(plan)
+        print()
+        print(plan.explain())
+    if args.plot:
+        from swarm.plot import plot_memory
+
+        plot_memory(plan, inp, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from swarm.errors import SwarmError
+
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             return cmd_generate(args)
-    except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
+        if args.command == "plan":
+            return cmd_plan(args)
+    except (SwarmError, ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
         print(f"swarm {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 1

@@ -378,7 +378,9 @@ def _explain_worker(w: WorkerPlan) -> str:
         f"  Crossover: {w.crossover_context:,.0f} total positions ({w.crossover_per_agent:,.0f} per agent); "
         f"reserved {w.reserved_context:,} = {ratio:.2f}x, {regime}."
     )
-    for o in w.options:
+    for o in sorted(w.options, key=lambda o: (o.verdict != "chosen", -(o.tokens_per_s or 0.0), o.kv_bytes)):
+        if o.verdict == "not calibrated on this worker":
+            continue
         tps = f"{o.tokens_per_s:,.1f} tok/s" if o.tokens_per_s is not None else "-"
         lines.append(f"    {o.format:<15} KV {_gb(o.kv_bytes):>10}  {tps:>14}  {o.verdict}")
     return "\n".join(lines)

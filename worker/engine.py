@@ -286,6 +286,11 @@ def isa_levels() -> list[str]:
     return list(_native.isa_levels())
 
 
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer stored in a GGUF file's metadata."""
+    return Tokenizer.from_gguf_metadata(_native.read_gguf(str(path))["metadata"])
+
+
 def read_gguf(path: str | Path) -> dict[str, Any]:
     """Parse and validate a GGUF file: version, alignment, metadata, tensor table."""
     return dict(_native.read_gguf(str(path)))

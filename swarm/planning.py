@@ -1,0 +1,147 @@
+"""From a swarm config to planner inputs: model geometry, device profiles, agent groups, policy.
+
+The planner stays pure; this module is where measured facts are gathered
+(the GGUF header, this host's calibration, the catalog, the tokenizer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarm import planner
+from swarm.config import SwarmConfig
+from swarm.devices import load_catalog
+from swarm.errors import ConfigError
+from swarm.gguf_header import read_geometry
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    geometry: planner.ModelGeometry
+    devices: tuple[planner.DeviceProfile, ...]
+    groups: tuple[planner.AgentGroup, ...]
+    policy: planner.Policy
+    settings: planner.EngineSettings
+    quality: dict[str, planner.Quality]
+    model_path: Path | None
+
+
+def available_memory() -> int:
+    """MemAvailable of this host (bytes), or total memory where /proc is missing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def model_geometry(cfg: SwarmConfig) -> tuple[planner.ModelGeometry, Path | None]:
+    g = cfg.model.geometry
+    if g is not None:
+        n_head = g.n_head or 4 * g.n_kv_head
+        geom = planner.ModelGeometry(
+            name=g.name, n_layer=g.n_layer, n_head=n_head, n_kv_head=g.n_kv_head, head_dim=g.head_dim,
+            n_embd=n_head * g.head_dim, n_ff=4 * n_head * g.head_dim, n_vocab=g.n_vocab, n_ctx=g.n_ctx,
+            weight_stream_bytes=int(g.weight_bytes), resident_bytes=int(g.weight_bytes),
+        )  # fmt: skip
+        return geom, None
+    from worker.models import resolve_model  # the default model's location
+
+    path = resolve_model(None if cfg.model.path == "default" else cfg.model.path)
+    return read_geometry(path), path
+
+
+def shared_prefix_tokens(cfg: SwarmConfig, model_path: Path | None) -> list[int]:
+    """Tokens of each group's system prompt as the chat template renders it (the prefix every agent shares)."""
+    out = []
+    tok = None
+    for i, g in enumerate(cfg.agents):
+        if g.shared_prefix_tokens is not None:
+            out.append(g.shared_prefix_tokens)
+        elif not g.system_prompt:
+            out.append(0)
+        elif model_path is None:
+            raise ConfigError(
+                f"agents[{i}].shared_prefix_tokens", "is needed: the model is given by geometry, with no tokenizer",
+                "set shared_prefix_tokens or drop system_prompt",
+            )  # fmt: skip
+        else:
+            if tok is None:
+                from worker.engine import load_tokenizer
+
+                tok = load_tokenizer(model_path)
+            system = [{"role": "system", "content": g.system_prompt}]
+            out.append(len(tok.encode(tok.render_chat(system, add_generation_prompt=False), add_bos=False)))
+    return out
+
+
+def plan_inputs(
+    cfg: SwarmConfig,
+    *,
+    calibrate: Callable[[Path, str, int], dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PlanInputs:
+    """calibrate(model_path, mode, threads) -> calibration dict, for local workers (default: worker.calibrate)."""
+    geom, path = model_geometry(cfg)
+    for i, g in enumerate(cfg.agents):
+        if g.context > geom.n_ctx:
+            raise ConfigError(
+                f"agents[{i}].context", f"{g.context:,} exceeds the model's {geom.n_ctx:,} tokens",
+                "lower context or use a model with a longer context",
+            )  # fmt: skip
+    catalog = load_catalog()
+    if cfg.policy.pairs:
+        pairs = tuple(planner.parse_pair(p) for p in cfg.policy.pairs)
+    else:
+        pairs = tuple(itertools.product(cfg.policy.formats, cfg.policy.formats))
+    policy = planner.Policy(formats=pairs, objective=cfg.policy.objective)
+    devices = []
+    quality: dict[str, planner.Quality] = {}
+    for i, w in enumerate(cfg.workers):
+        if w.kind == "local" and w.calibration != "catalog":
+            if path is None:
+                raise ConfigError(
+                    f"workers[{i}].calibration", "cannot measure a model given only by geometry",
+                    "use calibration: catalog with a device, or give model.path",
+                )  # fmt: skip
+            if calibrate is None:
+                from worker.calibrate import CalibrationOptions
+                from worker.calibrate import calibrate as measure
+
+                def calibrate(p: Path, mode: str, threads: int) -> dict:
+                    opts = CalibrationOptions.quick(threads) if mode == "quick" else CalibrationOptions(threads=threads)
+                    return measure(p, opts, progress=progress)
+
+            cal = planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads))
+            quality = quality or cal.quality
+            usable = min(w.memory or available_memory(), available_memory())
+            devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
+            continue
+        if w.kind == "local":
+            raise ConfigError(f"workers[{i}].calibration", "catalog needs a device", "use kind: virtual with a device")
+        spec = catalog[w.device or ""]
+        cal = planner.Calibration.from_bandwidth(geom, spec.effective_bandwidth, pairs)
+        usable = min(w.memory, spec.usable_bytes) if w.memory else spec.usable_bytes
+        devices.append(planner.DeviceProfile(w.name, spec.id, spec.backend, int(usable), cal))
+    prefixes = shared_prefix_tokens(cfg, path)
+    groups = tuple(
+        planner.AgentGroup(
+            name=g.name, count=g.count, context=g.context, shared_prefix_tokens=min(prefix, g.context),
+            max_kl=g.min_quality.max_kl, min_top1=g.min_quality.min_top1,
+        )
+        for g, prefix in zip(cfg.agents, prefixes, strict=True)
+    )  # fmt: skip
+    settings = planner.EngineSettings(cfg.engine.block_tokens, cfg.engine.max_batch_tokens, cfg.engine.threads)
+    return PlanInputs(geom, tuple(devices), groups, policy, settings, quality, path)
+
+
+def plan_config(cfg: SwarmConfig, **kwargs: object) -> tuple[planner.Plan, PlanInputs]:
+    inp = plan_inputs(cfg, **kwargs)  # type: ignore[arg-type]
+    p = planner.plan(inp.geometry, inp.devices, inp.groups, inp.policy, settings=inp.settings, quality=inp.quality)
+    return p, inp
