@@ -296,8 +296,8 @@ def _schema(tp: Any, meta: Any = None) -> dict[str, Any]:
         if "min_items" in meta:
             out["minItems"] = meta["min_items"]
     elif tp is Bytes:
-        out = {"anyOf": [{"type": "integer", "exclusiveMinimum": 0},
-                         {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT][iI]?)?[bB]?\s*$"}]}  # fmt: skip
+        size = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT][iI]?)?[bB]?\s*$"
+        out = {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string", "pattern": size}]}
     elif dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         props = {f.name: _schema(hints[f.name], f.metadata) for f in dataclasses.fields(tp)}
