@@ -35,7 +35,7 @@ from worker.models import resolve_model
 
 CALIBRATION_TEXT = Path(__file__).parent / "data" / "calibration.txt"
 # Positions at which attention cost is sampled; a line through them gives the per-position cost.
-DEFAULT_CONTEXTS = (512, 1024, 2048, 4096)
+DEFAULT_CONTEXTS = (512, 2048, 4096, 7936)  # up to the default model's 8k: some formats' cost bends late
 QUICK_CONTEXTS = (1024, 4096)
 DEFAULT_BATCHES = tuple(range(1, 17))
 QUICK_BATCHES = (1, 2, 4)
@@ -136,7 +136,8 @@ def measure_attention(model: Path, pair: tuple[str, str], contexts: Sequence[int
     eng = Engine(model, kv_k=pair[0], kv_v=pair[1], threads=threads, prefix_sharing=False)
     sid = eng.add_sequence([], generate=False)
     xs, ys = [], []
-    for ctx in sorted(contexts):
+    limit = eng.config["n_ctx_train"] - WARMUP_STEPS - STEPS - 4  # room for the timed decode steps
+    for ctx in sorted({min(c, limit) for c in contexts}):
         have = len(eng.tokens(sid))
         if ctx > have:
             eng.fill_kv(sid, ctx - have, seed=ctx)
