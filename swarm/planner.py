@@ -563,9 +563,7 @@ def _local_search(m: _Model, counts: np.ndarray, max_sweeps: int = 50) -> None:
                         break
                     counts[a, g] -= k
                     counts[b, g] += k
-                    va, vb = m.value(a, counts[a])[0], m.value(b, counts[b])[0]
-                    if va + vb > vals[a] + vals[b] + 1e-9 * (abs(vals[a]) + abs(vals[b])):
-                        vals[a], vals[b] = va, vb
+                    if _keep_if_better(m, counts, vals, a, b, vals[a] + vals[b]):
                         improved = True
                         break
                     if _swap_back(m, counts, vals, a, b, g):
@@ -600,6 +598,15 @@ def _heuristic(m: _Model, shape: tuple[int, int], local: bool) -> tuple[np.ndarr
     return best, "greedy+local" if local else "greedy"
 
 
+def _keep_if_better(m: _Model, counts: np.ndarray, vals: list[float], a: int, b: int, before: float) -> bool:
+    """True (and vals updated) when workers a and b together now beat `before` by more than rounding."""
+    va, vb = m.value(a, counts[a])[0], m.value(b, counts[b])[0]
+    if va + vb > before + 1e-9 * abs(before):
+        vals[a], vals[b] = va, vb
+        return True
+    return False
+
+
 def _swap_back(m: _Model, counts: np.ndarray, vals: list[float], a: int, b: int, g: int) -> bool:
     """After one agent of g moved a -> b: moves one or two agents of another group b -> a if that
     makes the pair of workers better than before the move (keeps the change and returns True)."""
@@ -612,9 +619,7 @@ def _swap_back(m: _Model, counts: np.ndarray, vals: list[float], a: int, b: int,
                 break
             counts[b, h] -= k
             counts[a, h] += k
-            va, vb = m.value(a, counts[a])[0], m.value(b, counts[b])[0]
-            if va + vb > before + 1e-9 * abs(before):
-                vals[a], vals[b] = va, vb
+            if _keep_if_better(m, counts, vals, a, b, before):
                 return True
             counts[b, h] += k
             counts[a, h] -= k
