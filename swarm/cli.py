@@ -3,6 +3,8 @@
 swarm generate PROMPT        one prompt on one engine
 swarm calibrate [--model]    this machine's exchange-rate table (bytes and cost per position per format)
 swarm plan CONFIG            the capacity plan for a swarm config
+swarm launch CONFIG          run the swarm on Ray workers placed by the plan
+swarm status                 live placement of running swarms (from Ray's state)
 """
 
 from __future__ import annotations
@@ -54,7 +56,73 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("config", help="swarm config (YAML)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument("--plot", metavar="FILE.png", help="draw KV memory against context per format")
+
+    la = sub.add_parser("launch", help="run a swarm: plan it, place workers with Ray, run every agent's turns")
+    la.add_argument("config", help="swarm config (YAML)")
+    la.add_argument(
+        "--address",
+        default=None,
+        help="join a Ray cluster ('auto' or HOST:PORT); default: start a local Ray with its dashboard",
+    )
+    la.add_argument("--keep", action="store_true", help="leave the workers running (dashboard, gRPC API)")
+    la.add_argument("--out", default=None, help="output directory (default: <output_dir>/<name>-<time>)")
+    la.add_argument("--no-live", action="store_true", help="no live progress table (logs events instead)")
+    la.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+
+    st = sub.add_parser("status", help="live placement: workers, devices, KV formats, agents, KV use")
+    st.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    st.add_argument("--json", action="store_true")
     return p
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from swarm.config import load_config
+    from swarm.launch import launch
+
+    cfg = load_config(args.config)
+    live = not args.no_live and sys.stdout.isatty()
+    summary = launch(cfg, address=args.address, keep=args.keep, out_dir=Path(args.out) if args.out else None,
+                     live=live, timeout_s=args.timeout)  # fmt: skip
+    unfinished = [n for n, a in summary["agents"].items() if a["finish"] != "done"]
+    if unfinished:
+        print(f"agents cut short at their context: {', '.join(unfinished)}", file=sys.stderr)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from swarm import scheduler
+
+    try:
+        conn = scheduler.connect(args.address, kv_bytes=0)
+    except scheduler.SchedulerError as e:
+        print(f"swarm status: {e}", file=sys.stderr)
+        return 2
+    try:
+        states = scheduler.worker_states()
+        where = scheduler.placement()
+    finally:
+        scheduler.disconnect(conn, stop_head=False)
+    if args.json:
+        print(json.dumps({"workers": states, "placement": where}, indent=2, default=str))
+        return 0
+    if not states:
+        print(f"no kvswarm workers on the Ray cluster at {conn.address}")
+        return 0
+    nodes = {w["actor"]: w["node_id"] for w in where["workers"].values()}
+    print(f"{'worker':<22}{'device':<16}{'KV':<11}{'agents':>7}{'KV used / budget':>22}{'tok/s':>8}  node")
+    for name, s in states.items():
+        if isinstance(s, str):
+            print(f"{name:<22}{s}")
+            continue
+        kv = f"{s['kv_bytes_used'] / 2**20:.1f} / {s['kv_budget_bytes'] / 2**20:.1f} MiB"
+        print(f"{name:<22}{s['device']:<16}{s['kv_format']:<11}{len(s['sessions']):>7}{kv:>22}"
+              f"{s['tokens_per_s']:>8.0f}  {nodes.get(name, '?')[:12]}")  # fmt: skip
+    for g in where["placement_groups"]:
+        if " kv" in g["name"]:
+            print(f"  {g['name'].split(': ')[0]}: " + ", ".join(f"{a}@{(n or '?')[:8]}" for a, n in g["bundles"]))
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -190,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_calibrate(args)
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command == "launch":
+            return cmd_launch(args)
+        if args.command == "status":
+            return cmd_status(args)
     except (SwarmError, ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
         print(f"swarm {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ class WorkerSpec:
     max_batch_tokens: int = 256
     calibration: str = "catalog"  # "full" / "quick": measure on start (cached); "catalog": the plan's prediction
     swarm: str = ""
+    agents: str = ""  # the planned agents, compacted ("researcher[0-2] critic[0]")
 
     def __post_init__(self) -> None:
         for name in ("kv_k", "kv_v"):
@@ -51,7 +52,8 @@ class _Session:
     seq: int
     turn: int = -1
     new_tokens: list[int] = field(default_factory=list)  # made, not yet drained
-    active: bool = False  # a turn is queued or generating
+    queued: bool = False  # a turn waits for admission
+    active: bool = False  # a turn is being prefilled or generated
     done_unreported: bool = False
     reason: str = ""
     first_token_s: float | None = None  # seconds from admission to this turn's first token
@@ -101,7 +103,9 @@ class EngineWorker:
             return {"source": "predicted from catalog", "device": s.device}
         from worker.calibrate import CalibrationOptions, calibrate
 
-        opts = CalibrationOptions.quick(s.threads) if s.calibration == "quick" else CalibrationOptions(threads=s.threads)
+        opts = (
+            CalibrationOptions.quick(s.threads) if s.calibration == "quick" else CalibrationOptions(threads=s.threads)
+        )
         cal = calibrate(self.engine.model_path, opts)
         return {"source": cal["source"], "device": s.device, "machine": cal["machine"],
                 "weight_step_s": cal["weight_step_s"], "attn_ns": cal["attn_ns"]}  # fmt: skip
@@ -117,19 +121,21 @@ class EngineWorker:
             raise SessionError(f"session {session!r} turn {turn}: no tokens to add; send at least one")
         bad = [t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab]
         if bad:
-            raise SessionError(f"session {session!r}: token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
+            raise SessionError(
+                f"session {session!r}: token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})"
+            )
         sp = Sampling(**sampling)
         with self._cond:
             if self._error:
                 raise RuntimeError(f"worker {self.spec.name} stopped: {self._error}")
             st = self._sessions.get(session)
-            if st is not None and st.active:
+            if st is not None and (st.active or st.queued):
                 raise SessionError(f"session {session!r} already has turn {st.turn} running; wait for it to finish")
             if st is None and not fresh:
                 raise SessionError(f"session {session!r} is not on worker {self.spec.name}; resend with its history")
             self._pending.append((session, turn, list(tokens), sp, fresh))
             if st is not None:
-                st.active, st.turn = True, turn
+                st.queued = True
             self._cond.notify_all()
 
     def drain(self) -> dict[str, dict[str, Any]]:
@@ -168,7 +174,7 @@ class EngineWorker:
             self._trim(now)
             made = sum(n for _, n in self._window)
             span = min(self.STATS_WINDOW_S, max(now - self._window[0][0], 1e-3)) if self._window else 1.0
-            active = sum(1 for st in self._sessions.values() if st.active)
+            active = sum(1 for st in self._sessions.values() if st.active or st.queued)
             return {
                 "worker": self.spec.name,
                 "kind": self.spec.kind,
@@ -178,9 +184,8 @@ class EngineWorker:
                 "kv_format": self.kv_format,
                 "sessions": sorted(self._sessions),
                 "active_sessions": active,
-                "queue_depth": len(self._pending) + sum(
-                    1 for st in self._sessions.values() if st.active and st.first_token_s is None
-                ),
+                "queue_depth": len(self._pending)
+                + sum(1 for st in self._sessions.values() if st.active and st.first_token_s is None),
                 "kv_budget_bytes": self.spec.kv_budget_bytes,
                 "kv_bytes_reserved": int(mem["bytes_reserved"]),
                 "kv_bytes_used": int(mem["bytes_used"]),
@@ -209,7 +214,8 @@ class EngineWorker:
         with self._cond:
             n = len(self._sessions)
         s = self.spec
-        return (f"EngineWorker({s.name} on {s.device}, KV {self.kv_format}, {n} agents, "
+        agents = f"agents {s.agents}" if s.agents else f"{n} agents"
+        return (f"EngineWorker({s.name} on {s.device}, KV {self.kv_format}, {agents}, "
                 f"KV {mem['bytes_used'] / 2**20:.1f}/{s.kv_budget_bytes / 2**20:.1f} MiB)")  # fmt: skip
 
     # -- the loop ----------------------------------------------------------------------
@@ -231,7 +237,7 @@ class EngineWorker:
                 self._by_seq[seq] = name
             else:
                 self.engine.append(st.seq, tokens, sp)
-            st.turn, st.active, st.reason = turn, True, ""
+            st.turn, st.active, st.queued, st.reason = turn, True, False, ""
             st.first_token_s, st.admitted_at = None, time.monotonic()
 
     def _loop(self) -> None:

@@ -1,0 +1,469 @@
+"""The Ray side of kvswarm: the only module that calls Ray.
+
+A worker is one `EngineWorker` actor in a placement group of one bundle
+(`kvswarm.<swarm>/<worker>`): its device resource (`device:<id>` for a
+cluster worker), a CPU unless it is virtual, and Ray's `memory` resource for
+its weights and scratch. A local or virtual worker is pinned to the driver's
+node by its `ray.io/node-id` label.
+
+The agents' KV reservations live in a second placement group per worker,
+pinned to the worker's node, one bundle per agent holding the custom
+resource `kv_bytes` (plus one bundle per group for the system-prompt blocks
+its agents share). Ray names groups, not bundles, so the group's name lists
+its bundles in order, compressed into ranges:
+
+    kvswarm.demo/local kv1: researcher.prefix researcher[0-2] critic[0]
+
+bundle 0 is the researchers' shared prefix, bundles 1-3 are researcher-0..2
+and bundle 4 is critic-0. The name grows with the number of groups, not of
+agents, so it stays short for thousands of agents; the dashboard's
+placement-group view shows each bundle's node, and `swarm status` expands it.
+When the agents on a worker change (one finishes, one moves in) the group is
+replaced by the next generation (kv2, ...).
+
+Every node that hosts workers must offer `kv_bytes`: `swarm launch` gives
+the local Ray the host's available memory; cluster nodes declare theirs
+(`ray start --resources '{"device:rk3588": 1, "kv_bytes": 6e9}'`).
+Every Ray call here has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util import metrics
+from ray.util import state as ray_state
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from swarm.errors import SwarmError
+from worker.service import EngineWorker, WorkerSpec
+
+NAMESPACE = "kvswarm"
+KV_RESOURCE = "kv_bytes"
+NODE_LABEL = "ray.io/node-id"
+TIMEOUT_S = 120.0  # placement and worker start (a cold start may calibrate)
+CALL_TIMEOUT_S = 30.0  # one request to a running worker
+
+
+class SchedulerError(SwarmError):
+    """Ray could not do what the plan needs (no node offers a resource, a worker died)."""
+
+
+class WorkerLost(SchedulerError):
+    """A worker actor died or stopped answering."""
+
+
+# -- connecting ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Connection:
+    address: str
+    dashboard_url: str
+    node_id: str  # the driver's node
+    started_here: bool  # this process started the Ray instance (and stops it)
+    head_process: bool  # started as a separate `ray start --head` (survives this process)
+    auth_token_path: str | None
+
+
+def auth_token_path() -> str | None:
+    p = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" or not p.exists():
+        return None
+    return str(p)
+
+
+def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus: int | None = None) -> Connection:
+    """Starts a local Ray (address None) or joins a cluster ("auto" or HOST:PORT)."""
+    if ray.is_initialized():
+        raise SchedulerError("Ray is already initialized in this process; launch one swarm per process")
+    cpus = num_cpus or os.cpu_count() or 1
+    resources = {KV_RESOURCE: float(kv_bytes)}
+    head_process = False
+    if address is None and keep:
+        # --keep outlives this process, so Ray runs as its own head, not inside the driver.
+        cmd = ["ray", "start", "--head", "--dashboard-host", "127.0.0.1", f"--num-cpus={cpus}",
+               f"--resources={json.dumps(resources)}", "--disable-usage-stats"]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        if r.returncode != 0:
+            raise SchedulerError(f"`ray start --head` failed: {r.stderr.strip()[-600:]}")
+        address, head_process = "auto", True
+    if address is None:
+        ctx = ray.init(
+            namespace=NAMESPACE, num_cpus=cpus, resources=resources, include_dashboard=True,
+            dashboard_host="127.0.0.1", log_to_driver=False, logging_level="warning",
+        )  # fmt: skip
+        started = True
+    else:
+        try:
+            ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
+        except ConnectionError as e:
+            raise SchedulerError(
+                f"cannot reach a Ray cluster at {address!r} ({e}). To fix: start one with `ray start --head`, "
+                "or drop --address to run a local Ray"
+            ) from e
+        started = False
+    url = ctx.dashboard_url or ""
+    return Connection(
+        address=ray.get_runtime_context().gcs_address,
+        dashboard_url=f"http://{url}" if url and not url.startswith("http") else url,
+        node_id=ray.get_runtime_context().get_node_id(),
+        started_here=started,
+        head_process=head_process,
+        auth_token_path=auth_token_path(),
+    )
+
+
+def disconnect(conn: Connection | None, *, stop_head: bool = True) -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+    if conn is not None and conn.head_process and stop_head:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=TIMEOUT_S)
+
+
+def cluster_resources() -> dict[str, float]:
+    return dict(ray.cluster_resources())
+
+
+# -- the worker actor ---------------------------------------------------------------------
+
+
+class MeteredEngineWorker(EngineWorker):
+    """EngineWorker exporting its live numbers as Ray metrics (Ray's Prometheus endpoint)."""
+
+    METRICS_EVERY_S = 1.0
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        keys = ("swarm", "worker", "device", "kv_format")
+        self._tags = {"swarm": self.spec.swarm, "worker": self.spec.name, "device": self.spec.device,
+                      "kv_format": self.kv_format}  # fmt: skip
+        self._m_tokens = metrics.Counter("kvswarm_tokens_generated", "tokens generated", tag_keys=keys)
+        self._m_tps = metrics.Gauge("kvswarm_decode_tokens_per_s", "decode tokens/s (5 s window)", tag_keys=keys)
+        self._m_used = metrics.Gauge("kvswarm_kv_bytes_used", "KV bytes holding positions", tag_keys=keys)
+        self._m_reserved = metrics.Gauge("kvswarm_kv_bytes_reserved", "KV blocks held x block bytes", tag_keys=keys)
+        self._m_budget = metrics.Gauge("kvswarm_kv_bytes_budget", "the plan's KV budget", tag_keys=keys)
+        self._m_agents = metrics.Gauge("kvswarm_active_agents", "sessions with a turn running", tag_keys=keys)
+        self._m_queue = metrics.Gauge("kvswarm_queue_depth", "turns waiting for their first token", tag_keys=keys)
+        self._m_last = 0.0
+        self._m_counted = 0
+        self._export(force=True)
+
+    def _report(self) -> None:
+        self._export()
+
+    def _export(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._m_last < self.METRICS_EVERY_S:
+            return
+        self._m_last = now
+        s = self.state()
+        if s["tokens_generated"] > self._m_counted:
+            self._m_tokens.inc(s["tokens_generated"] - self._m_counted, tags=self._tags)
+            self._m_counted = s["tokens_generated"]
+        self._m_tps.set(s["tokens_per_s"], tags=self._tags)
+        self._m_used.set(s["kv_bytes_used"], tags=self._tags)
+        self._m_reserved.set(s["kv_bytes_reserved"], tags=self._tags)
+        self._m_budget.set(s["kv_budget_bytes"], tags=self._tags)
+        self._m_agents.set(s["active_sessions"], tags=self._tags)
+        self._m_queue.set(s["queue_depth"], tags=self._tags)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def ready(self) -> bool:
+        return True
+
+
+_RemoteWorker = ray.remote(max_concurrency=8, max_restarts=0)(MeteredEngineWorker)
+
+
+# -- placement ----------------------------------------------------------------------------
+
+
+def compact_names(names: Sequence[str]) -> str:
+    """'researcher-0', 'researcher-1', 'researcher-2', 'critic-0' -> 'researcher[0-2] critic[0]'."""
+    parts: list[str] = []
+    prev_base, start, last = None, -1, -1
+    for n in list(names) + [None]:  # type: ignore[list-item]
+        base, idx = (None, -1)
+        if n is not None:
+            head, _, tail = n.rpartition("-")
+            base, idx = (head, int(tail)) if head and tail.isdigit() else (n, -1)
+        if base == prev_base and idx >= 0 and idx == last + 1:
+            last = idx
+            continue
+        if prev_base is not None:
+            parts.append(prev_base if start < 0 else f"{prev_base}[{start}]" if start == last else
+                         f"{prev_base}[{start}-{last}]")  # fmt: skip
+        prev_base, start, last = base, idx, idx
+    return " ".join(parts)
+
+
+def expand_names(compact: str) -> list[str]:
+    """The inverse of compact_names."""
+    out: list[str] = []
+    for part in compact.split():
+        if part.endswith("]") and "[" in part:
+            base, rng = part[:-1].split("[", 1)
+            a, _, b = rng.partition("-")
+            out += [f"{base}-{i}" for i in range(int(a), int(b or a) + 1)]
+        else:
+            out.append(part)
+    return out
+
+
+@dataclass(frozen=True)
+class Reservation:
+    label: str  # an agent's name, or "<group>.prefix" for a group's shared system-prompt blocks
+    kv_bytes: int
+
+
+@dataclass
+class WorkerHandle:
+    spec: WorkerSpec
+    actor: Any
+    pg: PlacementGroup
+    node_id: str
+    kv_pg: PlacementGroup | None = None
+    kv_generation: int = 0
+    reservations: tuple[Reservation, ...] = ()
+    alive: bool = True
+
+
+@dataclass
+class Scheduler:
+    """Places workers and KV reservations for one swarm and relays calls to the workers."""
+
+    swarm: str
+    conn: Connection
+    workers: dict[str, WorkerHandle] = field(default_factory=dict)
+
+    def worker_pg_name(self, worker: str) -> str:
+        return f"kvswarm.{self.swarm}/{worker}"
+
+    def actor_name(self, worker: str) -> str:
+        return f"{self.swarm}.{worker}"
+
+    def check_resources(self, spec: WorkerSpec) -> None:
+        res = cluster_resources()
+        if spec.kind == "cluster" and res.get(f"device:{spec.device}", 0) < 1:
+            raise SchedulerError(
+                f"worker {spec.name!r}: no Ray node offers resource device:{spec.device}. To fix: on that machine "
+                f"run `ray start --address {self.conn.address} --resources "
+                f'\'{{"device:{spec.device}": 1, "{KV_RESOURCE}": <KV bytes>}}\'`'
+            )
+        if res.get(KV_RESOURCE, 0) < spec.kv_budget_bytes:
+            raise SchedulerError(
+                f"worker {spec.name!r} needs {spec.kv_budget_bytes:,} bytes of resource {KV_RESOURCE}, the cluster "
+                f"offers {res.get(KV_RESOURCE, 0):,.0f}. To fix: start nodes with --resources "
+                f"'{{\"{KV_RESOURCE}\": <bytes>}}', or plan fewer agents"
+            )
+
+    def start_workers(self, specs: Iterable[tuple[WorkerSpec, int]], timeout_s: float = TIMEOUT_S) -> None:
+        """Starts (spec, resident bytes) workers in parallel; returns once every one answers."""
+        pending = []
+        for spec, resident in specs:
+            if spec.name in self.workers:
+                raise SchedulerError(f"worker {spec.name!r} is already running")
+            self.check_resources(spec)
+            bundle: dict[str, float] = {"memory": float(resident)}
+            if spec.kind != "virtual":
+                bundle["CPU"] = 1.0
+            if spec.kind == "cluster":
+                bundle[f"device:{spec.device}"] = 1.0
+            selector = [{NODE_LABEL: self.conn.node_id}] if spec.kind != "cluster" else None
+            pg = placement_group([bundle], strategy="STRICT_PACK", name=self.worker_pg_name(spec.name),
+                                 bundle_label_selector=selector)  # fmt: skip
+            pending.append((spec, bundle, pg))
+        try:
+            ray.get([pg.ready() for _, _, pg in pending], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            for _, _, pg in pending:
+                remove_placement_group(pg)
+            raise SchedulerError(
+                f"placement of {', '.join(s.name for s, _, _ in pending)} did not finish in {timeout_s:.0f} s: "
+                "no node has the CPU, memory or device resources free. To fix: check `ray status`"
+            ) from e
+        started = []
+        for spec, bundle, pg in pending:
+            actor = _RemoteWorker.options(
+                name=self.actor_name(spec.name),
+                num_cpus=bundle.get("CPU", 0.0),
+                memory=bundle["memory"],
+                resources={k: v for k, v in bundle.items() if k.startswith("device:")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+                lifetime="detached" if self.conn.head_process else None,
+            ).remote(_spec_dict(spec))
+            started.append((spec, actor, pg))
+        nodes = _get([a.node_id.remote() for _, a, _ in started], timeout_s, "worker start")
+        for (spec, actor, pg), node in zip(started, nodes, strict=True):
+            self.workers[spec.name] = WorkerHandle(spec=spec, actor=actor, pg=pg, node_id=node)
+
+    def reserve(self, worker: str, reservations: Sequence[Reservation], timeout_s: float = TIMEOUT_S) -> None:
+        """Holds the agents' KV on the worker's node (replacing the previous generation)."""
+        h = self.workers[worker]
+        total = sum(r.kv_bytes for r in reservations)
+        if total > h.spec.kv_budget_bytes:
+            raise SchedulerError(
+                f"worker {worker!r}: reservations of {total:,} bytes exceed its KV budget {h.spec.kv_budget_bytes:,}"
+            )
+        if h.kv_pg is not None:
+            remove_placement_group(h.kv_pg)
+            h.kv_pg = None
+        h.reservations = tuple(r for r in reservations if r.kv_bytes > 0)
+        if not h.reservations:
+            return
+        h.kv_generation += 1
+        name = f"{self.worker_pg_name(worker)} kv{h.kv_generation}: {compact_names([r.label for r in h.reservations])}"
+        pg = placement_group(
+            [{KV_RESOURCE: float(r.kv_bytes)} for r in h.reservations], strategy="STRICT_PACK", name=name,
+            bundle_label_selector=[{NODE_LABEL: h.node_id}] * len(h.reservations),
+            lifetime="detached" if self.conn.head_process else None,
+        )  # fmt: skip
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            remove_placement_group(pg)
+            raise SchedulerError(
+                f"worker {worker!r}: the node cannot hold {total:,} bytes of {KV_RESOURCE} for its agents "
+                f"(another swarm may hold it). To fix: check `ray status`"
+            ) from e
+        h.kv_pg = pg
+
+    # -- calls to workers ---------------------------------------------------------------
+    def _live(self, worker: str) -> WorkerHandle:
+        h = self.workers.get(worker)
+        if h is None or not h.alive:
+            raise WorkerLost(f"worker {worker!r} is not running")
+        return h
+
+    def submit(self, worker: str, session: str, turn: int, tokens: list[int], sampling: dict, fresh: bool) -> None:
+        h = self._live(worker)
+        _get([h.actor.submit.remote(session, turn, tokens, sampling, fresh)], CALL_TIMEOUT_S, worker, h)
+
+    def end(self, worker: str, session: str) -> None:
+        h = self.workers.get(worker)
+        if h is not None and h.alive:
+            _get([h.actor.end.remote(session)], CALL_TIMEOUT_S, worker, h)
+
+    def drain_all(self) -> dict[str, dict[str, dict] | WorkerLost]:
+        """Each live worker's new tokens; a worker that died maps to a WorkerLost."""
+        live = [h for h in self.workers.values() if h.alive]
+        refs = [h.actor.drain.remote() for h in live]
+        return dict(zip([h.spec.name for h in live], _gather(refs, live), strict=True))
+
+    def states(self) -> dict[str, dict | WorkerLost]:
+        live = [h for h in self.workers.values() if h.alive]
+        refs = [h.actor.state.remote() for h in live]
+        return dict(zip([h.spec.name for h in live], _gather(refs, live), strict=True))
+
+    def forget(self, worker: str) -> None:
+        """Drops a lost worker: its actor, placement groups and reservations."""
+        h = self.workers.pop(worker, None)
+        if h is None:
+            return
+        h.alive = False
+        for pg in (h.kv_pg, h.pg):
+            if pg is not None:
+                try:
+                    remove_placement_group(pg)
+                except Exception:  # noqa: BLE001 - the group may be gone with its node
+                    pass
+        try:
+            ray.kill(h.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+    def kill(self, worker: str) -> None:
+        """Kills a worker's actor as a crash would (tests and drills)."""
+        ray.kill(self.workers[worker].actor, no_restart=True)
+
+    def shutdown(self) -> None:
+        for name in list(self.workers):
+            h = self.workers[name]
+            if h.alive:
+                try:
+                    ray.get(h.actor.stop.remote(), timeout=CALL_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - stopping anyway
+                    pass
+            self.forget(name)
+
+    def live_workers(self) -> list[str]:
+        return [n for n, h in self.workers.items() if h.alive]
+
+
+def _spec_dict(spec: WorkerSpec) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(spec)
+
+
+def _get(refs: list[Any], timeout_s: float, what: str, h: WorkerHandle | None = None) -> list[Any]:
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise WorkerLost(f"{what}: no answer within {timeout_s:.0f} s") from e
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        if h is not None:
+            h.alive = False
+        raise WorkerLost(f"{what}: the worker died ({type(e).__name__})") from e
+
+
+def _gather(refs: list[Any], handles: list[WorkerHandle]) -> list[Any]:
+    out: list[Any] = []
+    for ref, h in zip(refs, handles, strict=True):
+        try:
+            out.append(ray.get(ref, timeout=CALL_TIMEOUT_S))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError,
+                RuntimeError) as e:  # fmt: skip
+            h.alive = False
+            out.append(WorkerLost(f"worker {h.spec.name!r}: {type(e).__name__}: {str(e)[:300]}"))
+    return out
+
+
+# -- reading the placement back from Ray's state ---------------------------------------------
+
+
+def placement(swarm: str | None = None, timeout_s: int = 30) -> dict[str, Any]:
+    """Live workers and KV bundles of kvswarm swarms, from Ray's state API."""
+    actors = ray_state.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, timeout=timeout_s, detail=True)
+    pgs = ray_state.list_placement_groups(filters=[("state", "=", "CREATED")], limit=10_000, timeout=timeout_s,
+                                          detail=True)  # fmt: skip
+    workers = {}
+    for a in actors:
+        if a.class_name.endswith("EngineWorker") and a.name and (swarm is None or a.name.startswith(f"{swarm}.")):
+            workers[a.name] = {"actor": a.name, "node_id": a.node_id, "pid": a.pid, "repr": a.repr_name}
+    groups = []
+    for pg in pgs:
+        if not pg.name.startswith("kvswarm.") or (swarm is not None and not pg.name.startswith(f"kvswarm.{swarm}/")):
+            continue
+        nodes = [b.get("node_id") for b in (pg.bundles or [])]
+        if " kv" in pg.name:
+            head, _, labels = pg.name.partition(": ")
+            groups.append({"name": pg.name, "worker": head.split("/", 1)[1].split(" ")[0],
+                           "bundles": list(zip(expand_names(labels), nodes, strict=False))})  # fmt: skip
+        else:
+            groups.append({"name": pg.name, "worker": pg.name.split("/", 1)[1], "bundles": [("worker", nodes[0])]})
+    return {"workers": workers, "placement_groups": groups}
+
+
+def worker_states(timeout_s: float = CALL_TIMEOUT_S) -> dict[str, dict | str]:
+    """state() of every named EngineWorker in the kvswarm namespace."""
+    out: dict[str, dict | str] = {}
+    for name in sorted(ray.util.list_named_actors()):
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            out[name] = ray.get(actor.state.remote(), timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - reported per worker
+            out[name] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
