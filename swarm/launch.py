@@ -16,6 +16,7 @@ and when agents finish their KV reservations are released.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -282,14 +283,9 @@ class SwarmRun:
             self._end_turn(a, "context" if room <= 0 else "max_tokens")
             return
         h = self.sched.workers[a.worker]
-        t.worker, t.kv_format = (
-            a.worker,
-            (h.spec.kv_k if h.spec.kv_k == h.spec.kv_v else f"{h.spec.kv_k}/{h.spec.kv_v}"),
-        )
-        try:
+        t.worker, t.kv_format = a.worker, _format(h.spec.kv_k, h.spec.kv_v)
+        with contextlib.suppress(scheduler.WorkerLost):  # the next drain reports the loss and the agent moves
             self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, max_new), fresh)
-        except scheduler.WorkerLost:
-            pass  # the next drain reports the loss and the agent moves
 
     def _resume(self, a: Agent) -> None:
         """Re-prefills a moved agent's whole history on its new worker and continues its turn."""
@@ -360,7 +356,7 @@ class SwarmRun:
                         self._start_turn(a)
                 drained = self.sched.drain_all()
                 lost = [w for w, ev in drained.items() if isinstance(ev, scheduler.WorkerLost)]
-                for w, ev in drained.items():
+                for ev in drained.values():
                     if not isinstance(ev, scheduler.WorkerLost):
                         self._apply(ev)
                 if lost:
@@ -475,6 +471,10 @@ class SwarmRun:
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
+
+
+def _format(k: str, v: str) -> str:
+    return k if k == v else f"{k}/{v}"
 
 
 def _last_reply(a: Agent) -> str:

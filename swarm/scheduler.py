@@ -29,6 +29,7 @@ Every Ray call here has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -375,14 +376,10 @@ class Scheduler:
         h.alive = False
         for pg in (h.kv_pg, h.pg):
             if pg is not None:
-                try:
+                with contextlib.suppress(Exception):  # the group may be gone with its node
                     remove_placement_group(pg)
-                except Exception:  # noqa: BLE001 - the group may be gone with its node
-                    pass
-        try:
+        with contextlib.suppress(Exception):  # already dead
             ray.kill(h.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
 
     def kill(self, worker: str) -> None:
         """Kills a worker's actor as a crash would (tests and drills)."""
@@ -392,10 +389,8 @@ class Scheduler:
         for name in list(self.workers):
             h = self.workers[name]
             if h.alive:
-                try:
+                with contextlib.suppress(Exception):  # stopping anyway
                     ray.get(h.actor.stop.remote(), timeout=CALL_TIMEOUT_S)
-                except Exception:  # noqa: BLE001 - stopping anyway
-                    pass
             self.forget(name)
 
     def live_workers(self) -> list[str]:

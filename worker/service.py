@@ -265,7 +265,7 @@ class EngineWorker:
                     if produced:
                         self._window.append((now, len(produced)))
                         self._trim(now)
-                    for name, st in self._sessions.items():
+                    for st in self._sessions.values():
                         if st.active:
                             info = self.engine.info(st.seq)
                             if not info["generating"]:
