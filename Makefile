@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean arm-tools
+.PHONY: setup build demo test lint format bench goldens clean arm-tools browser
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -24,8 +24,9 @@ $(VENV)/.native: $(NATIVE_SRC) | $(STAMP)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
+# The demo swarm: plan, start a local Ray (dashboard on 127.0.0.1:8265), run every agent, write transcripts.
 demo: build
-	$(VENV)/bin/swarm generate --chat --max-tokens 96 "Write a haiku about a swarm of small language models."
+	$(VENV)/bin/swarm launch configs/demo.yaml
 
 # Cross toolchain and qemu-user for the aarch64 kernel tests (Debian packages; needs root).
 arm-tools:
@@ -35,7 +36,15 @@ arm-tools:
 	  else echo "note: aarch64 kernel tests will be skipped (apt-get install g++-aarch64-linux-gnu qemu-user)"; fi; \
 	fi
 
-test: build arm-tools
+# Headless Chromium for the dashboard screenshot test (Debian package; needs root).
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: the dashboard screenshot test will be skipped (apt-get install chromium)"; fi; \
+	fi
+
+test: build arm-tools browser
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(PY) -m pytest -q
 

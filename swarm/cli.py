@@ -121,7 +121,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{s['tokens_per_s']:>8.0f}  {nodes.get(name, '?')[:12]}")  # fmt: skip
     for g in where["placement_groups"]:
         if " kv" in g["name"]:
-            print(f"  {g['name'].split(': ')[0]}: " + ", ".join(f"{a}@{(n or '?')[:8]}" for a, n in g["bundles"]))
+            held = ", ".join(f"{b['label']}@{(b['node_id'] or '?')[:8]}" for b in g["bundles"])
+            print(f"  {g['name'].split(': ')[0]}: {held}")
     return 0
 
 

@@ -249,6 +249,17 @@ def _cross_check(cfg: SwarmConfig) -> None:
             raise ConfigError(f"agents[{i}].inputs_from", f"'{g.inputs_from}' is not a group", f"use one of {names}")
         if g.inputs_from == g.name:
             raise ConfigError(f"agents[{i}].inputs_from", "names the group itself", "feed from another group")
+    feeds = {g.name: g.inputs_from for g in cfg.agents}
+    for i, g in enumerate(cfg.agents):
+        seen, cur = [g.name], g.inputs_from
+        while cur is not None:
+            if cur in seen:
+                raise ConfigError(
+                    f"agents[{i}].inputs_from", f"makes a cycle ({' <- '.join(seen + [cur])})",
+                    "let at least one group in the chain work from its own tasks",
+                )  # fmt: skip
+            seen.append(cur)
+            cur = feeds.get(cur)
     catalog = load_catalog()
     wnames = [w.name for w in cfg.workers]
     for i, w in enumerate(cfg.workers):

@@ -48,6 +48,8 @@ class Turn:
     worker: str = ""
     kv_format: str = ""
     resumed: int = 0  # times it was re-prefilled on another worker mid-turn
+    prompt_ids: list[int] = field(default_factory=list)  # the tokens this turn added to the history
+    fresh: bool = False  # prompt_ids are the whole conversation (the history was re-rendered)
 
 
 @dataclass
@@ -63,6 +65,8 @@ class Agent:
     worker: str | None = None
     finished: bool = False
     finish_note: str = ""
+    moved_from: str | None = None  # the worker it left, until it is placed again
+    move_reason: str = ""
     tokens_generated: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)  # transcript records
 
@@ -211,6 +215,10 @@ class SwarmRun:
                 a.worker = None
             if a.worker is None:
                 a.worker = new
+                if a.moved_from is not None:
+                    self._event("moved", agent=a.name, src=a.moved_from, dst=new, reason=a.move_reason,
+                                history=len(a.history))  # fmt: skip
+                    a.moved_from = None
                 if a.turn is not None:  # resume the turn from the history, on the new worker
                     self._resume(a)
         for wp in plan.workers:
@@ -222,7 +230,7 @@ class SwarmRun:
     def _lose_sessions(self, worker: str, reason: str) -> None:
         for a in self.agents.values():
             if a.worker == worker and not a.finished:
-                self._event("moved", agent=a.name, src=worker, dst=None, reason=reason, history=len(a.history))
+                a.moved_from, a.move_reason = worker, reason
                 a.worker = None
 
     # -- turns ----------------------------------------------------------------------------
@@ -268,7 +276,7 @@ class SwarmRun:
         t = Turn(index=a.turns_done, user=user, started=time.time())
         a.messages.append({"role": "user", "content": user})
         a.history = tokens if fresh else a.history + tokens
-        t.prompt_tokens = len(tokens)
+        t.prompt_tokens, t.prompt_ids, t.fresh = len(tokens), list(tokens), fresh
         a.turn = t
         self._submit(a, tokens, fresh)
         return True
@@ -319,6 +327,7 @@ class SwarmRun:
         a.messages.append({"role": "assistant", "content": text})
         dur = time.time() - t.started
         a.log.append({"turn": t.index, "user": t.user, "assistant": text, "prompt_tokens": t.prompt_tokens,
+                      "prompt_ids": t.prompt_ids, "fresh": t.fresh,
                       "tokens": len(t.reply), "token_ids": t.reply, "finish_reason": reason, "worker": t.worker,
                       "kv_format": t.kv_format, "started": t.started, "duration_s": dur,
                       "time_to_first_token_s": t.first_token_s, "resumed": t.resumed,
@@ -471,6 +480,20 @@ class SwarmRun:
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
+
+
+def rebuild_history(transcript: Path, upto_turn: int | None = None) -> list[int]:
+    """An agent's token history from its JSONL transcript: through turn `upto_turn`'s prompt, or all of it."""
+    history: list[int] = []
+    for line in Path(transcript).read_text().splitlines():
+        rec = json.loads(line)
+        if rec["role"] != "assistant":
+            continue
+        history = list(rec["prompt_ids"]) if rec["fresh"] else history + rec["prompt_ids"]
+        if rec["turn"] == upto_turn:
+            return history
+        history += rec["token_ids"]
+    return history
 
 
 def _format(k: str, v: str) -> str:

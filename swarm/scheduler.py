@@ -159,8 +159,9 @@ class MeteredEngineWorker(EngineWorker):
         self._m_counted = 0
         self._export(force=True)
 
-    def _report(self) -> None:
-        self._export()
+    def _report(self, final: bool) -> None:
+        if hasattr(self, "_m_last"):  # the loop thread starts before the metrics exist
+            self._export(force=final)
 
     def _export(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -442,13 +443,18 @@ def placement(swarm: str | None = None, timeout_s: int = 30) -> dict[str, Any]:
     for pg in pgs:
         if not pg.name.startswith("kvswarm.") or (swarm is not None and not pg.name.startswith(f"kvswarm.{swarm}/")):
             continue
-        nodes = [b.get("node_id") for b in (pg.bundles or [])]
+        bundles = [{"node_id": b.get("node_id"), "kv_bytes": int(b.get("unit_resources", {}).get(KV_RESOURCE, 0))}
+                   for b in (pg.bundles or [])]  # fmt: skip
         if " kv" in pg.name:
             head, _, labels = pg.name.partition(": ")
-            groups.append({"name": pg.name, "worker": head.split("/", 1)[1].split(" ")[0],
-                           "bundles": list(zip(expand_names(labels), nodes, strict=False))})  # fmt: skip
+            worker = head.split("/", 1)[1].split(" ")[0]
+            for b, label in zip(bundles, expand_names(labels), strict=False):
+                b["label"] = label
         else:
-            groups.append({"name": pg.name, "worker": pg.name.split("/", 1)[1], "bundles": [("worker", nodes[0])]})
+            worker = pg.name.split("/", 1)[1]
+            for b in bundles:
+                b["label"] = "worker"
+        groups.append({"name": pg.name, "worker": worker, "bundles": bundles})
     return {"workers": workers, "placement_groups": groups}
 
 

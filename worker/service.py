@@ -244,6 +244,10 @@ class EngineWorker:
         try:
             while True:
                 with self._cond:
+                    idle = not self._pending and not self.engine.busy()
+                if idle:
+                    self._report(final=True)  # the numbers as the work stopped
+                with self._cond:
                     while not self._stop and not self._pending and not self.engine.busy():
                         self._cond.wait(0.5)
                     if self._stop:
@@ -271,14 +275,14 @@ class EngineWorker:
                             if not info["generating"]:
                                 st.active, st.done_unreported = False, True
                                 st.reason = info["finish_reason"] or "finished"
-                self._report()
+                self._report(final=False)
         except Exception as e:  # the loop must never die silently: callers see the error
             with self._cond:
                 self._error = f"{type(e).__name__}: {e}"
                 self._cond.notify_all()
 
-    def _report(self) -> None:
-        """Hook after each step (the Ray wrapper exports metrics here)."""
+    def _report(self, final: bool) -> None:
+        """Hook after each step, and once when the work stops (final): the Ray wrapper exports metrics here."""
 
 
 def sampling_dict(sp: Sampling) -> dict[str, Any]:

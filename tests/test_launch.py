@@ -1,0 +1,95 @@
+"""`swarm launch` end to end on a local Ray (the README's main command), and its input checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarm.config import load_config
+from swarm.errors import ConfigError
+from swarm.launch import check_launchable, rebuild_history
+from swarm.scheduler import compact_names, expand_names
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ray_pids() -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, timeout=10).stdout
+    return {int(ln.split()[0]) for ln in out.splitlines()[1:] if "raylet" in ln or "gcs_server" in ln}
+
+
+def test_demo_swarm_runs_and_stops_everything_it_started(tmp_path: Path) -> None:
+    before = _ray_pids()
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm.cli", "launch", str(ROOT / "configs" / "demo.yaml"), "--no-live",
+         "--out", str(tmp_path), "--timeout", "900"],
+        capture_output=True, text=True, timeout=1200, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "dashboard: http://127.0.0.1:" in r.stdout
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    expected = {f"{g.name}-{i}": max(len(g.tasks), 1) for g in cfg.agents for i in range(g.count)}
+    assert {n: a["turns"] for n, a in summary["agents"].items()} == expected
+    assert all(a["finish"] == "done" for a in summary["agents"].values())
+    # The planner gave the workers different KV formats (the point of the demo's memory caps).
+    formats = {w["worker"]: (w["kv_k"], w["kv_v"]) for w in summary["plan"]["workers"] if w["agents"]}
+    assert len(formats) == 3 and len(set(formats.values())) >= 2, formats
+    for name in expected:
+        lines = (tmp_path / "agents" / f"{name}.jsonl").read_text().splitlines()
+        records = [json.loads(ln) for ln in lines]
+        replies = [r for r in records if r["role"] == "assistant"]
+        assert len(replies) == expected[name]
+        for rep in replies:
+            assert rep["worker"] == summary["agents"][name]["worker"]
+            assert 0 < rep["tokens"] == len(rep["token_ids"])
+            assert rep["kv_format"] in {k if k == v else f"{k}/{v}" for k, v in formats.values()}
+        assert len(rebuild_history(tmp_path / "agents" / f"{name}.jsonl")) == replies[-1]["history_tokens"]
+    # The critic read every researcher's last reply.
+    critic = [json.loads(ln) for ln in (tmp_path / "agents" / "critic-0.jsonl").read_text().splitlines()]
+    first_user = next(r for r in critic if r["role"] == "user")["content"]
+    for i in range(cfg.agents[0].count):
+        last = [json.loads(ln) for ln in (tmp_path / "agents" / f"researcher-{i}.jsonl").read_text().splitlines()]
+        assert f"Report from researcher-{i}:\n{last[-1]['content']}" in first_user
+    assert _ray_pids() <= before, "swarm launch left Ray processes running"
+
+
+def test_launch_needs_turns_and_a_real_model() -> None:
+    cfg = load_config({"name": "x", "agents": [{"name": "a", "count": 1, "context": 64}]})
+    with pytest.raises(ConfigError, match=r"agents\[0\]\.tasks: is empty"):
+        check_launchable(cfg)
+    geo = {"n_layer": 2, "n_kv_head": 1, "head_dim": 8, "weight_bytes": 1000, "n_ctx": 128}
+    cfg = load_config({"name": "x", "model": {"geometry": geo},
+                       "agents": [{"name": "a", "count": 1, "context": 64, "tasks": ["hi"]}]})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"model\.geometry"):
+        check_launchable(cfg)
+
+
+def test_inputs_from_cycle_is_named() -> None:
+    agents = [{"name": "a", "count": 1, "context": 64, "inputs_from": "b"},
+              {"name": "b", "count": 1, "context": 64, "inputs_from": "a"}]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"agents\[0\]\.inputs_from: makes a cycle \(a <- b <- a\)"):
+        load_config({"name": "x", "agents": agents})
+
+
+def test_launch_cli_reports_config_errors_without_starting_ray(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nagents:\n  - name: a\n    count: 1\n    context: 64\n    taks: [hi]\n")
+    r = subprocess.run([sys.executable, "-m", "swarm.cli", "launch", str(bad)], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 2
+    assert "agents[0].taks" in r.stderr and "did you mean 'tasks'" in r.stderr
+
+
+def test_bundle_names_compact_and_expand() -> None:
+    names = ["researcher.prefix", "researcher-0", "researcher-1", "researcher-2", "critic-0", "critic-2", "x-1"]
+    text = compact_names(names)
+    assert text == "researcher.prefix researcher[0-2] critic[0] critic[2] x[1]"
+    assert expand_names(text) == names
+    many = [f"a-{i}" for i in range(5000)]
+    assert compact_names(many) == "a[0-4999]" and expand_names("a[0-4999]") == many
