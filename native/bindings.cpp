@@ -161,6 +161,7 @@ PYBIND11_MODULE(_native, m) {
       .def("info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
       .def("sequence_ids", &Engine::sequence_ids)
       .def("tokens", &Engine::tokens, py::arg("id"))
+      .def("set_kv_budget", &Engine::set_kv_budget, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
       .def("memory", [](const Engine& e) {
         const MemoryStats s = e.memory();
         py::dict d;

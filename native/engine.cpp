@@ -420,6 +420,11 @@ std::vector<int32_t> Engine::tokens(int id) const {
   return get(id).tokens;
 }
 
+void Engine::set_kv_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_->set_budget(bytes);
+}
+
 MemoryStats Engine::memory() const {
   std::lock_guard<std::mutex> lock(mu_);
   MemoryStats m;

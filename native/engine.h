@@ -109,6 +109,8 @@ class Engine {
   std::vector<int> sequence_ids() const;
   std::vector<int32_t> tokens(int id) const;
   MemoryStats memory() const;
+  // See KvPool::set_budget.
+  void set_kv_budget(size_t bytes);
 
  private:
   struct Sequence {

@@ -27,6 +27,15 @@ KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget
   }
 }
 
+void KvPool::set_budget(size_t budget_bytes) {
+  if (budget_bytes != 0 && budget_bytes / block_bytes_ < in_use_) {
+    throw KvBudgetError("KV budget of " + std::to_string(budget_bytes) + " bytes is below the " +
+                        std::to_string(in_use_) + " blocks of " + std::to_string(block_bytes_) +
+                        " bytes in use; free sequences first");
+  }
+  budget_ = budget_bytes;
+}
+
 size_t KvPool::max_blocks() const { return budget_ == 0 ? SIZE_MAX : budget_ / block_bytes_; }
 
 int KvPool::acquire() {

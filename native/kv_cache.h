@@ -48,6 +48,9 @@ class KvPool {
   // block_tokens * bytes_per_token
   size_t block_bytes() const { return block_bytes_; }
   size_t budget_bytes() const { return budget_; }
+  // Moves the budget (a re-plan grew or shrank this worker's reservations). Blocks
+  // already allocated stay allocated; throws KvBudgetError below the blocks in use.
+  void set_budget(size_t budget_bytes);
   // Blocks that fit the budget (SIZE_MAX without one).
   size_t max_blocks() const;
 

@@ -66,6 +66,7 @@ class Agent:
     finished: bool = False
     finish_note: str = ""
     moved_from: str | None = None  # the worker it left, until it is placed again
+    synced: bool = False  # its worker holds its history (False after a move)
     move_reason: str = ""
     tokens_generated: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)  # transcript records
@@ -192,10 +193,19 @@ class SwarmRun:
         for wp in plan.workers:
             h = self.sched.workers.get(wp.worker)
             names = sorted((n for n, w in assignment.items() if w == wp.worker), key=_agent_key)
-            if h is not None and (h.spec.kv_k, h.spec.kv_v, h.spec.kv_budget_bytes) != (wp.kv_k, wp.kv_v, wp.kv_bytes):
+            budget = max(wp.kv_bytes, wp.block_bytes)
+            if h is not None and (h.spec.kv_k, h.spec.kv_v) != (wp.kv_k, wp.kv_v):
                 self._lose_sessions(wp.worker, f"worker {wp.worker} restarts with KV {wp.format}")
                 self.sched.forget(wp.worker)
                 h = None
+            elif h is not None and h.spec.kv_budget_bytes != budget:
+                try:  # same formats: the engine's budget moves in place, its sessions stay
+                    self.sched.resize(wp.worker, budget, scheduler.compact_names(names))
+                except Exception as e:  # noqa: BLE001 - below the blocks in use: restart instead
+                    self._event("resize_failed", worker=wp.worker, error=str(e)[:200])
+                    self._lose_sessions(wp.worker, f"worker {wp.worker} restarts with a {budget:,}-byte KV budget")
+                    self.sched.forget(wp.worker)
+                    h = None
             if h is None and wp.agents > 0:
                 to_start.append((self._spec(wp, names), wp.weight_bytes + wp.scratch_bytes))
         idle = [w for w in self.sched.live_workers() if w not in {wp.worker for wp in plan.workers if wp.agents}]
@@ -214,7 +224,7 @@ class SwarmRun:
                     self.sched.end(a.worker, a.name)
                 a.worker = None
             if a.worker is None:
-                a.worker = new
+                a.worker, a.synced = new, False
                 if a.moved_from is not None:
                     self._event("moved", agent=a.name, src=a.moved_from, dst=new, reason=a.move_reason,
                                 history=len(a.history))  # fmt: skip
@@ -271,8 +281,10 @@ class SwarmRun:
             return False
         tokens, fresh = self._encode_turn(a, user)
         need = (0 if fresh else len(a.history)) + len(tokens) + a.group.max_new_tokens
-        if need > a.context and not self._grow(a, need):
-            pass  # the turn is cut at the reservation; _submit clips max_new_tokens
+        if need > a.context:
+            self._grow(a, need)  # if nothing holds it, the turn is cut at the reservation (_submit clips it)
+        if not a.synced and not fresh:  # it moved: the new worker prefills the whole history
+            tokens, fresh = a.history + tokens, True
         t = Turn(index=a.turns_done, user=user, started=time.time())
         a.messages.append({"role": "user", "content": user})
         a.history = tokens if fresh else a.history + tokens
@@ -294,6 +306,7 @@ class SwarmRun:
         t.worker, t.kv_format = a.worker, _format(h.spec.kv_k, h.spec.kv_v)
         with contextlib.suppress(scheduler.WorkerLost):  # the next drain reports the loss and the agent moves
             self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, max_new), fresh)
+            a.synced = True
 
     def _resume(self, a: Agent) -> None:
         """Re-prefills a moved agent's whole history on its new worker and continues its turn."""

@@ -30,6 +30,7 @@ Every Ray call here has a timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -352,6 +353,12 @@ class Scheduler:
     def submit(self, worker: str, session: str, turn: int, tokens: list[int], sampling: dict, fresh: bool) -> None:
         h = self._live(worker)
         _get([h.actor.submit.remote(session, turn, tokens, sampling, fresh)], CALL_TIMEOUT_S, worker, h)
+
+    def resize(self, worker: str, kv_budget_bytes: int, agents: str) -> None:
+        """Moves a running worker's KV budget (a re-plan kept its formats)."""
+        h = self._live(worker)
+        _get([h.actor.set_budget.remote(kv_budget_bytes, agents)], CALL_TIMEOUT_S, worker, h)
+        h.spec = dataclasses.replace(h.spec, kv_budget_bytes=kv_budget_bytes, agents=agents)
 
     def end(self, worker: str, session: str) -> None:
         h = self.workers.get(worker)

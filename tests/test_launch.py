@@ -93,3 +93,33 @@ def test_bundle_names_compact_and_expand() -> None:
     assert expand_names(text) == names
     many = [f"a-{i}" for i in range(5000)]
     assert compact_names(many) == "a[0-4999]" and expand_names("a[0-4999]") == many
+
+
+def test_an_agent_nearing_its_reservation_is_replanned_in_place(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from swarm.launch import launch
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    cfg = load_config({
+        "name": "grow",
+        "agents": [{"name": "a", "count": 2, "context": 64, "max_new_tokens": 24,
+                    "tasks": ["Count from one to ten.", "Now count from eleven to twenty."]}],
+        "workers": [{"name": "v", "kind": "virtual", "device": "x86-host"}],
+        "policy": {"formats": ["q8_0"]},
+        "engine": {"threads": 1},
+    })  # fmt: skip
+    summary = launch(cfg, out_dir=tmp_path, live=False, timeout_s=600, echo=lambda m: None)
+    first = summary["events"][0]
+    assert first["event"] == "placed" and first["reason"] == "launch"
+    grown = [e for e in summary["events"] if e["event"] == "placed" and "tokens of context" in e["reason"]]
+    assert grown, summary["events"]
+    assert not [e for e in summary["events"] if e["event"] == "moved"], "a budget change must not restart the worker"
+    block = cfg.engine.block_tokens
+    for name, a in summary["agents"].items():
+        assert a["finish"] == "done" and a["turns"] == 2, name
+        assert a["history_tokens"] <= a["context_reserved"] and a["context_reserved"] % block == 0
+        replies = [json.loads(ln) for ln in (tmp_path / "agents" / f"{name}.jsonl").read_text().splitlines()]
+        assert all(r["tokens"] == 24 or r["token_ids"][-1] in (0, 2) for r in replies if r["role"] == "assistant")
+    plan_bytes = summary["plan"]["workers"][0]["kv_bytes"]
+    per_token = summary["plan"]["workers"][0]["block_bytes"] // block
+    need = sum(-(-a["context_reserved"] // block) * block for a in summary["agents"].values()) * per_token
+    assert plan_bytes >= need and summary["workers"]["v"]["kv_budget_bytes"] == plan_bytes

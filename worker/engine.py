@@ -173,6 +173,12 @@ class Engine:
     def memory(self) -> dict[str, int]:
         return dict(self._native.memory())
 
+    def set_kv_budget(self, budget_bytes: int) -> None:
+        """Moves the KV byte budget; KvBudgetError if it is below the blocks in use."""
+        if budget_bytes < 0:
+            raise ValueError("budget_bytes must be >= 0 (0 means no budget)")
+        self._native.set_kv_budget(budget_bytes)
+
     # -- text ----------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], *, chat: bool = False, system: str | None = None) -> list[int]:
         if not isinstance(prompt, str):

@@ -162,6 +162,13 @@ class EngineWorker:
                 self._by_seq.pop(st.seq, None)
                 self.engine.free(st.seq)
 
+    def set_budget(self, kv_budget_bytes: int, agents: str | None = None) -> None:
+        """A re-plan moved this worker's KV budget (same formats); KvBudgetError below the blocks in use."""
+        with self._cond:
+            self.engine.set_kv_budget(kv_budget_bytes)
+            self.spec = dataclasses.replace(self.spec, kv_budget_bytes=kv_budget_bytes,
+                                            agents=self.spec.agents if agents is None else agents)  # fmt: skip
+
     def sessions(self) -> list[str]:
         with self._cond:
             return sorted(self._sessions)
