@@ -186,54 +186,55 @@ class SwarmRun:
         return out
 
     def place(self, workers: list[str], reason: str) -> None:
-        """Plans the unfinished agents over `workers`, starts or restarts workers, moves agents, reserves KV."""
+        """Plans the unfinished agents over `workers`, starts or restarts workers, moves agents, reserves KV.
+
+        Order matters: agents leave their old workers (freeing KV) before a kept
+        worker's budget moves, and arrive (re-prefilled) only after it has.
+        """
         plan = self._plan(workers)
         assignment = self._assign(plan)
+        planned = {wp.worker: wp for wp in plan.workers if wp.agents > 0}
+        for w in self.sched.live_workers():
+            wp = planned.get(w)
+            h = self.sched.workers[w]
+            if wp is None or (h.spec.kv_k, h.spec.kv_v) != (wp.kv_k, wp.kv_v):
+                why = f"worker {w} has no agents in the new plan" if wp is None else f"{w} restarts with KV {wp.format}"
+                self._lose_sessions(w, why)
+                self.sched.forget(w)
+        for a in self.agents.values():
+            if not a.finished and a.worker is not None and a.worker != assignment[a.name]:
+                if a.worker in self.sched.workers:
+                    self.sched.end(a.worker, a.name)
+                a.moved_from, a.move_reason = a.worker, reason
+                a.worker = None
         to_start = []
-        for wp in plan.workers:
-            h = self.sched.workers.get(wp.worker)
-            names = sorted((n for n, w in assignment.items() if w == wp.worker), key=_agent_key)
+        for w, wp in planned.items():
+            names = sorted((n for n, x in assignment.items() if x == w), key=_agent_key)
             budget = max(wp.kv_bytes, wp.block_bytes)
-            if h is not None and (h.spec.kv_k, h.spec.kv_v) != (wp.kv_k, wp.kv_v):
-                self._lose_sessions(wp.worker, f"worker {wp.worker} restarts with KV {wp.format}")
-                self.sched.forget(wp.worker)
-                h = None
-            elif h is not None and h.spec.kv_budget_bytes != budget:
-                try:  # same formats: the engine's budget moves in place, its sessions stay
-                    self.sched.resize(wp.worker, budget, scheduler.compact_names(names))
-                except Exception as e:  # noqa: BLE001 - below the blocks in use: restart instead
-                    self._event("resize_failed", worker=wp.worker, error=str(e)[:200])
-                    self._lose_sessions(wp.worker, f"worker {wp.worker} restarts with a {budget:,}-byte KV budget")
-                    self.sched.forget(wp.worker)
-                    h = None
-            if h is None and wp.agents > 0:
+            h = self.sched.workers.get(w)
+            if h is None:
                 to_start.append((self._spec(wp, names), wp.weight_bytes + wp.scratch_bytes))
-        idle = [w for w in self.sched.live_workers() if w not in {wp.worker for wp in plan.workers if wp.agents}]
-        for w in idle:  # a worker the plan leaves without agents stops
-            self._lose_sessions(w, f"worker {w} has no agents in the new plan")
-            self.sched.forget(w)
+            elif h.spec.kv_budget_bytes != budget:
+                try:  # same formats: the engine's budget moves in place, its sessions stay
+                    self.sched.resize(w, budget, scheduler.compact_names(names))
+                except Exception as e:  # noqa: BLE001 - below the blocks in use: restart instead
+                    self._event("resize_failed", worker=w, error=str(e)[:200])
+                    self._lose_sessions(w, f"{w} restarts with a {budget:,}-byte KV budget")
+                    self.sched.forget(w)
+                    to_start.append((self._spec(wp, names), wp.weight_bytes + wp.scratch_bytes))
         if to_start:
             self.sched.start_workers(to_start)
         for a in self.agents.values():
-            if a.finished:
-                continue
-            new = assignment[a.name]
-            if a.worker is not None and a.worker != new:
-                self._event("moved", agent=a.name, src=a.worker, dst=new, reason=reason, history=len(a.history))
-                if a.worker in self.sched.workers:
-                    self.sched.end(a.worker, a.name)
-                a.worker = None
-            if a.worker is None:
-                a.worker, a.synced = new, False
+            if not a.finished and a.worker is None:
+                a.worker, a.synced = assignment[a.name], False
                 if a.moved_from is not None:
-                    self._event("moved", agent=a.name, src=a.moved_from, dst=new, reason=a.move_reason,
+                    self._event("moved", agent=a.name, src=a.moved_from, dst=a.worker, reason=a.move_reason,
                                 history=len(a.history))  # fmt: skip
                     a.moved_from = None
                 if a.turn is not None:  # resume the turn from the history, on the new worker
                     self._resume(a)
-        for wp in plan.workers:
-            if wp.worker in self.sched.workers:
-                self.sched.reserve(wp.worker, self._reservations(wp, assignment))
+        for w, wp in planned.items():
+            self.sched.reserve(w, self._reservations(wp, assignment))
         self.plan = plan
         self._event("placed", reason=reason, plan=plan.to_dict()["workers"] if reason != "launch" else None)
 

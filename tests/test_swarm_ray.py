@@ -338,3 +338,42 @@ def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster) -> None:
         sched.shutdown()
     finally:
         scheduler.disconnect(conn)
+
+
+def test_a_worker_that_joins_mid_run_is_planned_in(cluster: Cluster, tmp_path: Path) -> None:
+    cfg = load_config(
+        {
+            "name": "t3join",
+            "agents": [{"name": "a", "count": 4, "context": 256, "max_new_tokens": MAX_NEW,
+                        "tasks": ["Name a color.", "Name another.", "And one more."]}],
+            "workers": [
+                {"name": "head", "kind": "cluster", "device": "x86-host", "calibration": "catalog"},
+                {"name": "late", "kind": "cluster", "device": "apple-m2", "calibration": "catalog"},
+            ],
+            "policy": {"formats": ["q8_0"]},
+            "engine": {"threads": 1},
+        }
+    )  # fmt: skip
+    added: dict[str, Any] = {}
+
+    def on_tick(run: Any) -> None:
+        if not added and any(a.tokens_generated for a in run.agents.values()):
+            added["node"] = cluster.add_node(
+                num_cpus=1, resources={"device:apple-m2": 1, scheduler.KV_RESOURCE: NODE_KV}
+            )
+            cluster.wait_for_nodes(timeout=60)
+
+    try:
+        summary = launch(cfg, address=cluster.address, out_dir=tmp_path, live=False, timeout_s=600,
+                         on_tick=on_tick, echo=lambda m: None)  # fmt: skip
+    finally:
+        if "node" in added:
+            cluster.remove_node(added["node"])
+    kinds = [e["event"] for e in summary["events"]]
+    assert "worker_joined" in kinds, summary["events"]
+    joined = kinds.index("worker_joined")
+    assert summary["events"][joined + 1]["event"] in ("placed", "moved")
+    placed_after = [e for e in summary["events"][joined:] if e["event"] == "placed"]
+    assert placed_after and any(w["worker"] == "late" and w["agents"] for w in placed_after[0]["plan"])
+    assert all(a["finish"] == "done" and a["turns"] == 3 for a in summary["agents"].values())
+    assert any(a["worker"] == "late" for a in summary["agents"].values())
