@@ -178,11 +178,11 @@ class SwarmRun:
     def _reservations(self, wp: planner.WorkerPlan, assignment: dict[str, str]) -> list[scheduler.Reservation]:
         out = []
         for g in wp.groups:
-            if g.shared_blocks:
+            names = sorted((n for n, w in assignment.items() if w == wp.worker and
+                            self.agents[n].planner_group == g.group), key=_agent_key)  # fmt: skip
+            if g.shared_blocks and names:
                 out.append(scheduler.Reservation(f"{g.group.split('@')[0]}.prefix", g.shared_blocks * wp.block_bytes))
-            for name in sorted((n for n, w in assignment.items() if w == wp.worker and
-                                self.agents[n].planner_group == g.group), key=_agent_key):  # fmt: skip
-                out.append(scheduler.Reservation(name, g.blocks_per_agent * wp.block_bytes))
+            out += [scheduler.Reservation(name, g.blocks_per_agent * wp.block_bytes) for name in names]
         return out
 
     def place(self, workers: list[str], reason: str) -> None:
@@ -397,8 +397,7 @@ class SwarmRun:
                     self.place(live, f"lost {', '.join(lost)}")
                 elif self._released:
                     self._released = False
-                    if any(not a.finished for a in self.agents.values()):
-                        self._release()
+                    self._release()
                 if self.missing and time.monotonic() - last_join > JOIN_CHECK_S:
                     last_join = time.monotonic()
                     self._check_joins()
@@ -548,36 +547,44 @@ class _Progress:
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
         self.live.start()
 
-    def update(self) -> None:
+    def update(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self.last < 0.5:
+        if not force and now - self.last < 0.5:
             return
         self.last = now
         self.states = {w: s for w, s in self.run.sched.states().items() if isinstance(s, dict)}
         self.live.update(self._render())
 
     def _render(self) -> Any:
+        from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        t = Table(title=f"swarm {self.run.cfg.name}", expand=False)
-        for col in ("worker / agent", "where", "KV", "tokens", "tok/s", "progress"):
-            t.add_column(col)
+        workers = Table(title=f"swarm {self.run.cfg.name}: workers", title_justify="left")
+        for col in ("worker", "device", "KV format", "agents", "tokens", "tok/s", "queue", "KV reserved / budget"):
+            workers.add_column(col, justify="right" if col in ("agents", "tokens", "tok/s", "queue") else "left")
         for w, s in self.states.items():
             used, budget = s["kv_bytes_reserved"], max(s["kv_budget_bytes"], 1)
-            t.add_row(f"[bold]{w}[/]", s["device"], s["kv_format"], str(s["tokens_generated"]),
-                      f"{s['tokens_per_s']:.0f}", ProgressBar(total=budget, completed=used, width=24))  # fmt: skip
-            t.add_row("", "", f"{used / 2**20:.1f}/{budget / 2**20:.1f} MiB", "", "", "")
+            kv = Table.grid(padding=(0, 1))
+            kv.add_row(ProgressBar(total=budget, completed=used, width=16),
+                       f"{used / 2**20:.1f}/{budget / 2**20:.1f} MiB")  # fmt: skip
+            workers.add_row(w, s["device"], s["kv_format"], str(s["active_sessions"]), str(s["tokens_generated"]),
+                            f"{s['tokens_per_s']:.0f}", str(s["queue_depth"]), kv)  # fmt: skip
+        agents = Table(title="agents", title_justify="left")
+        for col in ("agent", "worker", "turn", "context / reserved", "tokens", "progress"):
+            agents.add_column(col, justify="right" if col == "tokens" else "left")
         for a in self.run.agents.values():
             n = self.run._n_turns(a) * a.group.max_new_tokens
-            done = a.turns_done * a.group.max_new_tokens + (len(a.turn.reply) if a.turn else 0)
-            status = "done" if a.finished else f"turn {a.turns_done + 1}/{self.run._n_turns(a)}"
-            t.add_row(a.name, str(a.worker), f"{len(a.history)}/{a.context} tok", str(a.tokens_generated),
-                      status, ProgressBar(total=n, completed=n if a.finished else done, width=24))  # fmt: skip
-        return t
+            done = n if a.finished else a.turns_done * a.group.max_new_tokens + (len(a.turn.reply) if a.turn else 0)
+            turn = "done" if a.finished else f"{a.turns_done + 1}/{self.run._n_turns(a)}"
+            if not a.finished and a.turn is None:
+                turn += " (waiting)"
+            agents.add_row(a.name, str(a.worker or "-"), turn, f"{len(a.history)} / {a.context}",
+                           str(a.tokens_generated), ProgressBar(total=n, completed=done, width=20))  # fmt: skip
+        return Group(workers, agents)
 
     def close(self) -> None:
-        self.update()
+        self.update(force=True)
         self.live.stop()
 
 

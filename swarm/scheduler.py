@@ -33,7 +33,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +95,7 @@ def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus:
     head_process = False
     if address is None and keep:
         # --keep outlives this process, so Ray runs as its own head, not inside the driver.
-        cmd = ["ray", "start", "--head", "--dashboard-host", "127.0.0.1", f"--num-cpus={cpus}",
+        cmd = [_ray_cli(), "start", "--head", "--dashboard-host", "127.0.0.1", f"--num-cpus={cpus}",
                f"--resources={json.dumps(resources)}", "--disable-usage-stats"]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
         if r.returncode != 0:
@@ -125,11 +127,17 @@ def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus:
     )
 
 
+def _ray_cli() -> str:
+    """The `ray` command of this environment (a venv's bin/ need not be on PATH)."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else shutil.which("ray") or "ray"
+
+
 def disconnect(conn: Connection | None, *, stop_head: bool = True) -> None:
     if ray.is_initialized():
         ray.shutdown()
     if conn is not None and conn.head_process and stop_head:
-        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=TIMEOUT_S)
+        subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, timeout=TIMEOUT_S)
 
 
 def cluster_resources() -> dict[str, float]:
@@ -251,6 +259,11 @@ class Scheduler:
     conn: Connection
     workers: dict[str, WorkerHandle] = field(default_factory=dict)
 
+    @property
+    def _lifetime(self) -> str | None:
+        # --keep: the workers and reservations outlive the driver (its Ray runs as its own head).
+        return "detached" if self.conn.head_process else None
+
     def worker_pg_name(self, worker: str) -> str:
         return f"kvswarm.{self.swarm}/{worker}"
 
@@ -286,7 +299,7 @@ class Scheduler:
                 bundle[f"device:{spec.device}"] = 1.0
             selector = [{NODE_LABEL: self.conn.node_id}] if spec.kind != "cluster" else None
             pg = placement_group([bundle], strategy="STRICT_PACK", name=self.worker_pg_name(spec.name),
-                                 bundle_label_selector=selector)  # fmt: skip
+                                 bundle_label_selector=selector, lifetime=self._lifetime)  # fmt: skip
             pending.append((spec, bundle, pg))
         try:
             ray.get([pg.ready() for _, _, pg in pending], timeout=timeout_s)
@@ -305,7 +318,7 @@ class Scheduler:
                 memory=bundle["memory"],
                 resources={k: v for k, v in bundle.items() if k.startswith("device:")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-                lifetime="detached" if self.conn.head_process else None,
+                lifetime=self._lifetime,
             ).remote(_spec_dict(spec))
             started.append((spec, actor, pg))
         nodes = _get([a.node_id.remote() for _, a, _ in started], timeout_s, "worker start")
@@ -331,7 +344,7 @@ class Scheduler:
         pg = placement_group(
             [{KV_RESOURCE: float(r.kv_bytes)} for r in h.reservations], strategy="STRICT_PACK", name=name,
             bundle_label_selector=[{NODE_LABEL: h.node_id}] * len(h.reservations),
-            lifetime="detached" if self.conn.head_process else None,
+            lifetime=self._lifetime,
         )  # fmt: skip
         try:
             ray.get(pg.ready(), timeout=timeout_s)
