@@ -25,3 +25,27 @@ class ModelFileError(SwarmError, ValueError):
 
 class NoFeasiblePlan(SwarmError):
     """No assignment of agents to workers fits; the message says what would."""
+
+
+class NotFound(SwarmError, LookupError):
+    """A swarm, agent, group or job that does not exist."""
+
+
+class AlreadyExists(SwarmError):
+    """A swarm name that is already running."""
+
+
+class FailedPrecondition(SwarmError):
+    """The request is valid but the target is not in a state to take it (stopped swarm, finished agent)."""
+
+
+class ResourceExhausted(SwarmError):
+    """A job cannot be admitted: no room in the reservation, the plan or the queue; the message says what fits."""
+
+
+class InvalidArgument(SwarmError, ValueError):
+    """A request field is wrong; the message starts with its path."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {problem}")

@@ -20,7 +20,9 @@ import contextlib
 import dataclasses
 import json
 import math
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,15 @@ from typing import Any
 
 from swarm import planner, scheduler
 from swarm.config import AgentGroup, SwarmConfig
-from swarm.errors import ConfigError, NoFeasiblePlan, SwarmError
+from swarm.errors import (
+    ConfigError,
+    FailedPrecondition,
+    NoFeasiblePlan,
+    NotFound,
+    ResourceExhausted,
+    SwarmError,
+)
+from swarm.jobs import Job
 from swarm.planning import PlanInputs, available_memory, plan_inputs
 from worker.service import WorkerSpec
 
@@ -38,9 +48,21 @@ DEFAULT_REVIEW = "Here are the other agents' reports. Review them."
 
 
 @dataclass
+class TurnRequest:
+    """What a turn adds and how it samples: a configured task or a job from the API."""
+
+    messages: list[dict[str, str]]
+    max_new: int
+    sampling: dict[str, Any] | None = None  # None: the group's
+    job: Job | None = None
+    task: bool = False  # one of the agent's configured tasks
+
+
+@dataclass
 class Turn:
     index: int
     user: str
+    request: TurnRequest
     prompt_tokens: int = 0
     reply: list[int] = field(default_factory=list)
     started: float = 0.0
@@ -70,6 +92,9 @@ class Agent:
     move_reason: str = ""
     tokens_generated: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)  # transcript records
+    tasks_done: int = 0  # configured tasks completed
+    jobs: deque[Job] = field(default_factory=deque)  # API jobs waiting for their turn
+    oneoff: bool = False  # placed for one job, released after it
 
     @property
     def planner_group(self) -> str:
@@ -98,10 +123,12 @@ class SwarmRun:
         *,
         echo: Callable[[str], None] = print,
         live: bool = True,
+        serve: bool = False,
     ) -> None:
         from worker.engine import load_tokenizer
 
-        check_launchable(cfg)
+        if not serve:
+            check_launchable(cfg)
         assert inputs.model_path is not None
         self.cfg, self.inputs, self.sched = cfg, inputs, sched
         self.tok = load_tokenizer(inputs.model_path)
@@ -125,6 +152,15 @@ class SwarmRun:
         self.on_tick: Callable[[SwarmRun], None] | None = None  # called once per poll (drills, tests)
         self._released = False
         self._lost: set[str] = set()
+        self.serve = serve  # agents wait for jobs after their tasks instead of finishing
+        self.lock = threading.RLock()  # the loop and API calls
+        self.generation = 0  # placements made
+        self.state = "starting"
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._oneoffs = 0
+        self.jobs: dict[str, Job] = {}
 
     # -- planning and placement ------------------------------------------------------------
     def _groups(self) -> tuple[list[planner.AgentGroup], dict[str, list[Agent]]]:
@@ -135,7 +171,7 @@ class SwarmRun:
         base = {g.name: g for g in self.inputs.groups}
         groups = []
         for key, members in by.items():
-            b = base[members[0].group.name]
+            b = base.get(members[0].group.name) or planner.AgentGroup(name=key, count=1, context=1)
             groups.append(dataclasses.replace(b, name=key, count=len(members), context=members[0].context))
         return groups, by
 
@@ -236,6 +272,7 @@ class SwarmRun:
         for w, wp in planned.items():
             self.sched.reserve(w, self._reservations(wp, assignment))
         self.plan = plan
+        self.generation += 1
         self._event("placed", reason=reason, plan=plan.to_dict()["workers"] if reason != "launch" else None)
 
     def _lose_sessions(self, worker: str, reason: str) -> None:
@@ -245,31 +282,49 @@ class SwarmRun:
                 a.worker = None
 
     # -- turns ----------------------------------------------------------------------------
-    def _turn_text(self, a: Agent) -> str | None:
-        """The next user message, or None while its inputs are not ready."""
+    def _task_text(self, a: Agent) -> str | None:
+        """The next configured task's user message, or None while its inputs are not ready."""
         g = a.group
         tasks = list(g.tasks)
         if g.inputs_from is not None:
             sources = [s for s in self.agents.values() if s.group.name == g.inputs_from]
-            if not all(s.finished for s in sources):
+            if not all(self._tasks_over(s) for s in sources):
                 return None
-            if a.turns_done == 0:
+            if a.tasks_done == 0:
                 reports = "\n\n".join(f"Report from {s.name}:\n{_last_reply(s)}" for s in sources)
                 return f"{tasks[0] if tasks else DEFAULT_REVIEW}\n\n{reports}"
-        return tasks[a.turns_done]
+        return tasks[a.tasks_done]
 
     def _n_turns(self, a: Agent) -> int:
-        return max(len(a.group.tasks), 1)
+        """Configured turns (tasks, or the one review turn of an inputs_from group)."""
+        if a.oneoff:
+            return 0
+        return max(len(a.group.tasks), 1 if a.group.inputs_from else 0)
 
-    def _sampling(self, a: Agent, max_new: int) -> dict[str, Any]:
+    def _tasks_over(self, a: Agent) -> bool:
+        return a.finished or (a.tasks_done >= self._n_turns(a) and a.turn is None)
+
+    def _next_request(self, a: Agent) -> TurnRequest | None:
+        if a.tasks_done < self._n_turns(a):
+            text = self._task_text(a)
+            if text is None:
+                return None
+            return TurnRequest([{"role": "user", "content": text}], a.group.max_new_tokens, task=True)
+        while a.jobs:
+            job = a.jobs.popleft()
+            if not job.done:  # cancelled while queued
+                return TurnRequest(job.messages, job.max_tokens, job.sampling, job=job)
+        return None
+
+    def _sampling(self, a: Agent, req: TurnRequest, max_new: int) -> dict[str, Any]:
         s = a.group.sampling
-        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                "repetition_penalty": s.repetition_penalty, "seed": s.seed + a.index + 7919 * a.turns_done,
-                "max_new_tokens": max_new, "stop_tokens": self.stop_tokens}  # fmt: skip
+        base = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                "repetition_penalty": s.repetition_penalty, "seed": s.seed + a.index + 7919 * a.turns_done}  # fmt: skip
+        return {**base, **(req.sampling or {}), "max_new_tokens": max_new, "stop_tokens": self.stop_tokens}
 
-    def _encode_turn(self, a: Agent, user: str) -> tuple[list[int], bool]:
-        """Tokens extending the agent's history with the user message (fresh: the whole conversation)."""
-        text = self.tok.render_chat(a.messages + [{"role": "user", "content": user}], add_generation_prompt=True)
+    def _encode_turn(self, a: Agent, new: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """Tokens extending the agent's history with new messages (fresh: the whole conversation)."""
+        text = self.tok.render_chat(a.messages + new, add_generation_prompt=True)
         if a.history:
             have = self.tok.decode(a.history)
             if text.startswith(have) and len(text) > len(have):
@@ -277,27 +332,32 @@ class SwarmRun:
         return self.tok.encode(text), True
 
     def _start_turn(self, a: Agent) -> bool:
-        user = self._turn_text(a)
-        if user is None:
+        req = self._next_request(a)
+        if req is None:
             return False
-        tokens, fresh = self._encode_turn(a, user)
-        need = (0 if fresh else len(a.history)) + len(tokens) + a.group.max_new_tokens
+        tokens, fresh = self._encode_turn(a, req.messages)
+        need = (0 if fresh else len(a.history)) + len(tokens) + req.max_new
         if need > a.context:
             self._grow(a, need)  # if nothing holds it, the turn is cut at the reservation (_submit clips it)
         if not a.synced and not fresh:  # it moved: the new worker prefills the whole history
             tokens, fresh = a.history + tokens, True
-        t = Turn(index=a.turns_done, user=user, started=time.time())
-        a.messages.append({"role": "user", "content": user})
+        user = "\n\n".join(m["content"] for m in req.messages if m["role"] == "user")
+        t = Turn(index=a.turns_done, user=user, request=req, started=time.time())
+        a.messages.extend(req.messages)
         a.history = tokens if fresh else a.history + tokens
         t.prompt_tokens, t.prompt_ids, t.fresh = len(tokens), list(tokens), fresh
         a.turn = t
+        if req.job is not None and a.worker is not None:
+            h = self.sched.workers.get(a.worker)
+            fmt = _format(h.spec.kv_k, h.spec.kv_v) if h else ""
+            req.job.begin(self.tok.stream_decoder(skip_special=True), a.worker, fmt, len(tokens))
         self._submit(a, tokens, fresh)
         return True
 
     def _submit(self, a: Agent, tokens: list[int], fresh: bool) -> None:
         t = a.turn
         assert t is not None and a.worker is not None
-        left = a.group.max_new_tokens - len(t.reply)
+        left = t.request.max_new - len(t.reply)
         room = a.context - len(a.history)
         max_new = min(left, room)
         if max_new <= 0:
@@ -306,7 +366,7 @@ class SwarmRun:
         h = self.sched.workers[a.worker]
         t.worker, t.kv_format = a.worker, _format(h.spec.kv_k, h.spec.kv_v)
         with contextlib.suppress(scheduler.WorkerLost):  # the next drain reports the loss and the agent moves
-            self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, max_new), fresh)
+            self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, t.request, max_new), fresh)
             a.synced = True
 
     def _resume(self, a: Agent) -> None:
@@ -324,20 +384,31 @@ class SwarmRun:
         old = a.context
         a.context = new
         try:
-            self.place(self.sched.live_workers() or list(self.devices), f"{a.name} needs {need} tokens of context")
+            self.place(self._placeable(), f"{a.name} needs {need} tokens of context")
             return True
         except NoFeasiblePlan as e:
             a.context = old
             self._event("context_capped", agent=a.name, need=need, reserved=old, why=str(e).splitlines()[0])
             return False
 
+    def _placeable(self) -> list[str]:
+        """Workers a re-plan may use: the live ones and the configured ones not lost or missing."""
+        names = [d for d in self.devices if d not in self._lost and d not in self.missing]
+        return names or self.sched.live_workers()
+
     def _end_turn(self, a: Agent, reason: str) -> None:
         t = a.turn
         assert t is not None
+        job = t.request.job
+        if job is not None and job.stopped:
+            reason = "stop_string"
         reply = list(t.reply)
         if reply and reply[-1] in self.tok.eot_ids:
             reply = reply[:-1]
         text = self.tok.decode(reply, skip_special=True)
+        if job is not None and job.stopped:
+            job.finish("done", reason)
+            text = job.text
         a.messages.append({"role": "assistant", "content": text})
         dur = time.time() - t.started
         a.log.append({"turn": t.index, "user": t.user, "assistant": text, "prompt_tokens": t.prompt_tokens,
@@ -345,18 +416,30 @@ class SwarmRun:
                       "tokens": len(t.reply), "token_ids": t.reply, "finish_reason": reason, "worker": t.worker,
                       "kv_format": t.kv_format, "started": t.started, "duration_s": dur,
                       "time_to_first_token_s": t.first_token_s, "resumed": t.resumed,
-                      "history_tokens": len(a.history)})  # fmt: skip
+                      "history_tokens": len(a.history), "job": job.id if job else None})  # fmt: skip
+        if job is not None:
+            job.finish("cancelled" if reason in ("cancelled", "deadline") else "done", reason)
         a.turn = None
         a.turns_done += 1
-        if a.turns_done >= self._n_turns(a) or reason == "context":
-            a.finished = True
-            a.finish_note = reason if reason == "context" else "done"
-            if a.worker is not None and a.worker in self.sched.workers:
-                self.sched.end(a.worker, a.name)
-            self._released = True
+        if t.request.task:
+            a.tasks_done += 1
+        over = a.tasks_done >= self._n_turns(a) and not a.jobs
+        if reason == "context" or (over and (a.oneoff or not self.serve)):
+            self._finish_agent(a, "context" if reason == "context" else "done")
+
+    def _finish_agent(self, a: Agent, note: str) -> None:
+        a.finished = True
+        a.finish_note = note
+        for job in a.jobs:
+            job.finish("failed", "agent_finished", f"agent {a.name} finished ({note}) before this job ran")
+        a.jobs.clear()
+        if a.worker is not None and a.worker in self.sched.workers:
+            self.sched.end(a.worker, a.name)
+        self._released = True
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def begin(self) -> None:
+        """Places the swarm (workers started, KV reserved)."""
         workers = [d.name for d in self.inputs.devices]
         res = scheduler.cluster_resources()
         for w in workers:
@@ -364,43 +447,24 @@ class SwarmRun:
             if wc.kind == "cluster" and res.get(f"device:{wc.device}", 0) < 1:
                 self.missing.add(w)
                 self.echo(f"worker {w}: no node offers device:{wc.device} yet; planning without it")
-        self.place([w for w in workers if w not in self.missing], "launch")
+        with self.lock:
+            self.place([w for w in workers if w not in self.missing], "launch")
+            self.state = "running"
+        self._last_join = time.monotonic()
+
+    def run(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Runs every agent's tasks to the end (the `swarm launch` mode)."""
+        self.begin()
         assert self.plan is not None
         self.echo(str(self.plan))
         ui = _Progress(self) if self.live else None
-        last_join = time.monotonic()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while not all(a.finished for a in self.agents.values()):
                 if deadline is not None and time.monotonic() > deadline:
                     raise SwarmError(f"the swarm did not finish within {timeout_s:.0f} s")
-                for a in self.agents.values():
-                    if not a.finished and a.turn is None and a.worker is not None:
-                        self._start_turn(a)
-                drained = self.sched.drain_all()
-                lost = [w for w, ev in drained.items() if isinstance(ev, scheduler.WorkerLost)]
-                for ev in drained.values():
-                    if not isinstance(ev, scheduler.WorkerLost):
-                        self._apply(ev)
-                if lost:
-                    for w in lost:
-                        self._event("worker_lost", worker=w, error=str(drained[w]))
-                        self._lose_sessions(w, f"worker {w} was lost")
-                        self.sched.forget(w)
-                    live = self.sched.live_workers() + [w for w in workers if w not in self.sched.workers
-                                                        and w not in self.missing and w not in lost]  # fmt: skip
-                    live = [w for w in dict.fromkeys(live) if w not in lost]
-                    self._lost |= set(lost)
-                    live = [w for w in live if w not in self._lost]
-                    if not live:
-                        raise SwarmError(f"every worker is lost ({', '.join(sorted(self._lost))}); nothing can run")
-                    self.place(live, f"lost {', '.join(lost)}")
-                elif self._released:
-                    self._released = False
-                    self._release()
-                if self.missing and time.monotonic() - last_join > JOIN_CHECK_S:
-                    last_join = time.monotonic()
-                    self._check_joins()
+                with self.lock:
+                    self.tick()
                 if ui is not None:
                     ui.update()
                 if self.on_tick is not None:
@@ -409,7 +473,81 @@ class SwarmRun:
         finally:
             if ui is not None:
                 ui.close()
+        self.state = "finished"
         return self.finish()
+
+    def start(self) -> None:
+        """Serve mode: places the swarm and runs its loop in a thread until stop()."""
+        self.begin()
+        self._thread = threading.Thread(target=self._serve_loop, name=f"swarm-{self.cfg.name}", daemon=True)
+        self._thread.start()
+
+    def _serve_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self.lock:
+                    self.tick()
+                if self.on_tick is not None:
+                    self.on_tick(self)
+                time.sleep(POLL_S)
+        except Exception as e:  # the swarm fails visibly: its jobs are reported failed, never dropped
+            with self.lock:
+                self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+                self._fail_jobs(self.error)
+
+    def stop(self, reason: str = "the swarm was stopped") -> dict[str, Any]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        with self.lock:
+            self._fail_jobs(reason, cancelled=True)
+            if self.state != "failed":
+                self.state = "stopped"
+            return self.finish()
+
+    def _fail_jobs(self, why: str, cancelled: bool = False) -> None:
+        for a in self.agents.values():
+            pending = list(a.jobs) + ([a.turn.request.job] if a.turn and a.turn.request.job else [])
+            for job in pending:
+                if job is not None:
+                    job.finish("cancelled" if cancelled else "failed", "swarm_stopped" if cancelled else "error", why)
+            a.jobs.clear()
+
+    def tick(self) -> None:
+        """One poll: start turns, collect tokens, handle lost workers, deadlines and joins (under self.lock)."""
+        now = time.time()
+        for a in self.agents.values():
+            if a.turn is not None and a.turn.request.job is not None:
+                job = a.turn.request.job
+                if job.deadline is not None and now > job.deadline:
+                    self._cancel_turn(a, "deadline")
+            for job in [j for j in a.jobs if j.deadline is not None and now > j.deadline]:
+                a.jobs.remove(job)
+                job.finish("cancelled", "deadline")
+        for a in self.agents.values():
+            if not a.finished and a.turn is None and a.worker is not None:
+                self._start_turn(a)
+        drained = self.sched.drain_all()
+        lost = [w for w, ev in drained.items() if isinstance(ev, scheduler.WorkerLost)]
+        for ev in drained.values():
+            if not isinstance(ev, scheduler.WorkerLost):
+                self._apply(ev)
+        if lost:
+            for w in lost:
+                self._event("worker_lost", worker=w, error=str(drained[w]))
+                self._lose_sessions(w, f"worker {w} was lost")
+                self.sched.forget(w)
+            self._lost |= set(lost)
+            live = self._placeable()
+            if not live:
+                raise SwarmError(f"every worker is lost ({', '.join(sorted(self._lost))}); nothing can run")
+            self.place(live, f"lost {', '.join(lost)}")
+        elif self._released:
+            self._released = False
+            self._release()
+        if self.missing and time.monotonic() - self._last_join > JOIN_CHECK_S:
+            self._last_join = time.monotonic()
+            self._check_joins()
 
     def _apply(self, events: dict[str, dict[str, Any]]) -> None:
         for name, ev in events.items():
@@ -421,11 +559,149 @@ class SwarmRun:
             a.tokens_generated += len(ev["tokens"])
             if a.turn.first_token_s is None and ev.get("first_token_s") is not None:
                 a.turn.first_token_s = ev["first_token_s"]
+            job = a.turn.request.job
+            if job is not None and ev["tokens"] and job.push(ev["tokens"], self.tok.eot_ids) and not ev["done"]:
+                self._cancel_turn(a, "stop_string")  # the text ended at a stop string
+                continue
             if ev["done"]:
                 reason = ev["reason"]
-                if reason == "max_tokens" and len(a.turn.reply) < a.group.max_new_tokens:
+                if reason == "max_tokens" and len(a.turn.reply) < a.turn.request.max_new:
                     reason = "context"  # clipped at the reservation
                 self._end_turn(a, reason)
+
+    def _cancel_turn(self, a: Agent, reason: str) -> None:
+        """Stops a running turn: its worker frees the session's KV, and the next turn re-prefills the history."""
+        if a.worker is not None and a.worker in self.sched.workers:
+            with contextlib.suppress(scheduler.WorkerLost):
+                self.sched.end(a.worker, a.name)
+        a.synced = False
+        if a.turn is not None:
+            self._end_turn(a, reason)
+
+    # -- jobs (the API) ------------------------------------------------------------------------
+    MAX_QUEUE = 256  # jobs waiting per agent
+
+    def submit_job(
+        self,
+        *,
+        agent: str | None = None,
+        group: str | None = None,
+        new_agent: bool = False,
+        messages: list[dict[str, str]],
+        max_tokens: int = 0,
+        sampling: dict[str, Any] | None = None,
+        stop: tuple[str, ...] = (),
+        idempotency_key: str = "",
+        deadline: float | None = None,
+    ) -> list[Job]:
+        """Queues one turn per target agent (validated by the caller); returns the jobs."""
+        with self.lock:
+            if self.state != "running":
+                raise FailedPrecondition(
+                    f"swarm {self.cfg.name!r} is {self.state}{': ' + self.error if self.error else ''}"
+                )
+            if new_agent:
+                targets = [self._new_oneoff(messages, max_tokens or 128)]
+            elif agent is not None:
+                if agent not in self.agents:
+                    raise NotFound(f"swarm {self.cfg.name!r} has no agent {agent!r} (agents: {_sample(self.agents)})")
+                targets = [self.agents[agent]]
+            else:
+                targets = [a for a in self.agents.values() if a.group.name == group and not a.oneoff]
+                if not targets:
+                    groups = sorted({a.group.name for a in self.agents.values() if not a.oneoff})
+                    raise NotFound(f"swarm {self.cfg.name!r} has no group {group!r} (groups: {', '.join(groups)})")
+            jobs = []
+            for a in targets:
+                if a.finished:
+                    raise FailedPrecondition(f"agent {a.name} has finished ({a.finish_note}); it takes no more jobs")
+                if len(a.jobs) >= self.MAX_QUEUE:
+                    raise ResourceExhausted(f"agent {a.name} already has {len(a.jobs)} jobs waiting (the limit); "
+                                            "wait for some to finish or send to another agent")  # fmt: skip
+                n = max_tokens or a.group.max_new_tokens
+                new = self.tok.encode(self.tok.render_chat(a.messages + messages, add_generation_prompt=True))
+                if len(new) + n > self.inputs.geometry.n_ctx:
+                    room = self.inputs.geometry.n_ctx - len(new)
+                    raise ResourceExhausted(
+                        f"agent {a.name}: the conversation would be {len(new):,} tokens + {n:,} new, past the model's "
+                        f"{self.inputs.geometry.n_ctx:,}; " + (f"ask for at most max_tokens={room}" if room > 0 else
+                                                               "start a new agent (new_agent) with a shorter prompt")
+                    )  # fmt: skip
+            for a in targets:
+                job = Job(swarm=self.cfg.name, agent=a.name, messages=list(messages),
+                          max_tokens=max_tokens or a.group.max_new_tokens, sampling=sampling, stop=tuple(stop),
+                          idempotency_key=idempotency_key, deadline=deadline)  # fmt: skip
+                a.jobs.append(job)
+                self.jobs[job.id] = job
+                jobs.append(job)
+            return jobs
+
+    def _new_oneoff(self, messages: list[dict[str, str]], max_tokens: int) -> Agent:
+        k = self._oneoffs
+        prompt = self.tok.encode(self.tok.render_chat(messages, add_generation_prompt=True))
+        bt = self.cfg.engine.block_tokens
+        need = len(prompt) + max_tokens
+        if need > self.inputs.geometry.n_ctx:
+            raise ResourceExhausted(f"a one-off agent needs {need:,} tokens, past the model's "
+                                    f"{self.inputs.geometry.n_ctx:,}; shorten the messages or max_tokens")  # fmt: skip
+        ctx = math.ceil(need / bt) * bt
+        g = AgentGroup(name=f"job{k}", count=1, context=ctx, max_new_tokens=max_tokens)
+        a = Agent(name=f"job{k}-0", group=g, index=0, context=ctx, oneoff=True)
+        self.agents[a.name] = a
+        try:
+            self.place(self._placeable(), f"one-off agent {a.name}")
+        except NoFeasiblePlan as e:
+            del self.agents[a.name]
+            raise ResourceExhausted(f"no worker has room for a one-off agent of {ctx:,} tokens: {e}") from e
+        self._oneoffs += 1
+        return a
+
+    def cancel_job(self, job_id: str, reason: str = "cancelled") -> Job:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise NotFound(f"no job {job_id!r} in swarm {self.cfg.name!r}")
+            if job.done:
+                return job
+            a = self.agents[job.agent]
+            if job in a.jobs:
+                a.jobs.remove(job)
+                job.finish("cancelled", reason)
+                if a.oneoff and a.turn is None:
+                    self._finish_agent(a, "cancelled")
+            elif a.turn is not None and a.turn.request.job is job:
+                self._cancel_turn(a, reason)
+            return job
+
+    def placement(self) -> dict[str, Any]:
+        """Per worker: device, formats, agents, KV bytes, predicted and measured tokens/s."""
+        with self.lock:
+            states = self.sched.states() if self.state == "running" else {}
+            planned = {wp.worker: wp for wp in (self.plan.workers if self.plan else ())}
+            out = []
+            for name, h in list(self.sched.workers.items()):
+                st = states.get(name)
+                st = st if isinstance(st, dict) else {}
+                wp = planned.get(name)
+                out.append({
+                    "worker": name, "device": h.spec.device, "kind": h.spec.kind, "kv_k": h.spec.kv_k,
+                    "kv_v": h.spec.kv_v, "node_id": h.node_id, "alive": h.alive and bool(st),
+                    "agents": sorted((a.name for a in self.agents.values() if a.worker == name and not a.finished),
+                                     key=_agent_key),
+                    "kv_bytes_budget": h.spec.kv_budget_bytes, "kv_bytes_reserved": int(st.get("kv_bytes_reserved", 0)),
+                    "kv_bytes_used": int(st.get("kv_bytes_used", 0)),
+                    "predicted_tokens_per_s": wp.tokens_per_s if wp else 0.0,
+                    "measured_tokens_per_s": float(st.get("tokens_per_s", 0.0)),
+                    "queue_depth": int(st.get("queue_depth", 0)),
+                })  # fmt: skip
+            return {"swarm": self.cfg.name, "generation": self.generation, "workers": out}
+
+    def info(self) -> dict[str, Any]:
+        with self.lock:
+            names = [a.name for a in self.agents.values()]
+            return {"name": self.cfg.name, "state": self.state, "agents": len(names), "agent_names": names,
+                    "workers": len(self.sched.live_workers()), "error": self.error, "started_unix": self.started,
+                    "tokens_generated": sum(a.tokens_generated for a in self.agents.values())}  # fmt: skip
 
     def _release(self) -> None:
         """Frees finished agents' KV reservations (the workers keep their formats)."""
@@ -507,6 +783,11 @@ def rebuild_history(transcript: Path, upto_turn: int | None = None) -> list[int]
             return history
         history += rec["token_ids"]
     return history
+
+
+def _sample(names: Any, n: int = 8) -> str:
+    names = list(names)
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
 
 
 def _format(k: str, v: str) -> str:

@@ -1,0 +1,140 @@
+"""Jobs: turns submitted from outside a swarm (the gRPC API), with a replayable token stream.
+
+A job's tokens and their text pieces are appended once, in order, and never
+change, so a client that reconnects with the offset it last saw gets exactly
+the rest: no gap, no repeat. Text that may be the start of a stop string is
+held back until it is known not to be one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+TERMINAL = ("done", "cancelled", "failed")
+
+
+def find_stop(text: str, stop: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def held_back(text: str, stop: tuple[str, ...]) -> int:
+    """Characters at the end of `text` that could begin a stop string."""
+    n = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                n = max(n, k)
+                break
+    return n
+
+
+@dataclass
+class Job:
+    swarm: str
+    agent: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    sampling: dict[str, Any] | None = None  # None: the agent's group sampling
+    stop: tuple[str, ...] = ()
+    idempotency_key: str = ""
+    deadline: float | None = None  # time.time() after which it is cancelled
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    state: str = "queued"
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    text: str = ""  # the final text (up to a stop string)
+    finish_reason: str = ""
+    error: str = ""
+    worker: str = ""
+    kv_format: str = ""
+    prompt_tokens: int = 0
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    first_token: float | None = None
+    ended: float | None = None
+    stopped: bool = False  # a stop string was found; later tokens are not part of the output
+
+    def __post_init__(self) -> None:
+        self._cond = threading.Condition()
+        self._raw = ""  # decoded text of every token so far
+        self._emitted = 0  # characters of _raw already given out as pieces
+        self._decoder: Any = None
+        self._final = 0  # tokens whose pieces can no longer change (nothing held back after them)
+
+    # -- written by the swarm loop ----------------------------------------------------------
+    def begin(self, decoder: Any, worker: str, kv_format: str, prompt_tokens: int) -> None:
+        with self._cond:
+            self.state, self.started = "running", time.time()
+            self._decoder, self.worker, self.kv_format, self.prompt_tokens = decoder, worker, kv_format, prompt_tokens
+            self._cond.notify_all()
+
+    def push(self, tokens: list[int], eot: frozenset[int]) -> bool:
+        """Appends tokens with their pieces; True when a stop string ends the output here."""
+        with self._cond:
+            for tok in tokens:
+                if self.stopped or len(self.token_ids) >= self.max_tokens:
+                    break
+                if self.first_token is None:
+                    self.first_token = time.time()
+                self.token_ids.append(int(tok))
+                self._raw += "" if tok in eot else self._decoder.push(int(tok))
+                hit = find_stop(self._raw, self.stop)
+                if hit is not None:
+                    self._raw = self._raw[:hit]
+                    self.pieces.append(self._raw[self._emitted :])
+                    self._emitted = len(self._raw)
+                    self.stopped = True
+                    break
+                safe = len(self._raw) - held_back(self._raw, self.stop)
+                self.pieces.append(self._raw[self._emitted : safe])
+                self._emitted = max(self._emitted, safe)
+                if self._emitted == len(self._raw):
+                    self._final = len(self.token_ids)
+            self._cond.notify_all()
+            return self.stopped
+
+    def finish(self, state: str, reason: str, error: str = "") -> None:
+        with self._cond:
+            if self.state in TERMINAL:
+                return
+            if not self.stopped and self._decoder is not None:
+                self._raw += self._decoder.flush()
+            if self._emitted < len(self._raw) and self.pieces:
+                self.pieces[-1] += self._raw[self._emitted :]  # the held-back tail, now known to be text
+                self._emitted = len(self._raw)
+            self.text = self._raw
+            self.state, self.finish_reason, self.error = state, reason, error
+            self.ended = time.time()
+            self._cond.notify_all()
+
+    # -- read by API handlers -----------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def wait(self, offset: int, timeout: float) -> tuple[list[int], list[str], bool]:
+        """Tokens and pieces from `offset`, waiting up to `timeout` for some; (.., .., finished)."""
+        with self._cond:
+            if len(self.token_ids) <= offset and not self.done:
+                self._cond.wait(timeout)
+            # A piece followed by held-back text may still grow, so a running job hands out final pieces only.
+            end = len(self.token_ids) if self.done else max(self._final, offset)
+            return self.token_ids[offset:end], self.pieces[offset:end], self.done and end >= len(self.token_ids)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "id": self.id, "swarm": self.swarm, "agent": self.agent, "state": self.state,
+                "tokens": len(self.token_ids), "text": self.text if self.done else self._raw[: self._emitted],
+                "finish_reason": self.finish_reason, "error": self.error, "worker": self.worker,
+                "kv_format": self.kv_format, "created_unix": self.created,
+                "time_to_first_token_s": (self.first_token - self.started) if self.first_token and self.started
+                else 0.0,
+                "duration_s": ((self.ended or time.time()) - self.started) if self.started else 0.0,
+                "prompt_tokens": self.prompt_tokens, "idempotency_key": self.idempotency_key,
+            }  # fmt: skip
