@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean arm-tools browser
+.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -28,6 +28,10 @@ $(VENV)/.native: $(NATIVE_SRC) | $(STAMP)
 demo: build
 	$(VENV)/bin/swarm launch configs/demo.yaml
 
+# The gRPC API with the demo swarm (a token is written to ~/.config/kvswarm/token).
+serve: build
+	$(VENV)/bin/swarm serve --config configs/demo.yaml
+
 # Cross toolchain and qemu-user for the aarch64 kernel tests (Debian packages; needs root).
 arm-tools:
 	@if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then \
@@ -35,6 +39,10 @@ arm-tools:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null; \
 	  else echo "note: aarch64 kernel tests will be skipped (apt-get install g++-aarch64-linux-gnu qemu-user)"; fi; \
 	fi
+
+# Regenerates the gRPC stubs (swarm/v1/) from protos/ (tests/test_api.py checks they are current).
+protos: setup
+	$(PY) -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. protos/swarm/v1/swarm.proto
 
 # Headless Chromium for the dashboard screenshot test (Debian package; needs root).
 browser:

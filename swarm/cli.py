@@ -5,6 +5,8 @@ swarm calibrate [--model]    this machine's exchange-rate table (bytes and cost 
 swarm plan CONFIG            the capacity plan for a swarm config
 swarm launch CONFIG          run the swarm on Ray workers placed by the plan
 swarm status                 live placement of running swarms (from Ray's state)
+swarm serve [--config C]     the gRPC API (and a local Ray unless --address)
+swarm submit / jobs / cancel thin clients of the gRPC API
 """
 
 from __future__ import annotations
@@ -72,7 +74,165 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="live placement: workers, devices, KV formats, agents, KV use")
     st.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
     st.add_argument("--json", action="store_true")
+
+    sv = sub.add_parser("serve", help="serve the gRPC API (swarm.v1.SwarmService)")
+    sv.add_argument("--config", default=None, help="launch this swarm at start")
+    sv.add_argument("--address", default=None, help="join a Ray cluster instead of starting a local Ray")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    sv.add_argument("--port", type=int, default=50051, help="port (0: any free port)")
+    sv.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token clients must send (default: $KVSWARM_TOKEN, else a new one saved to {TOKEN_FILE})",
+    )
+    sv.add_argument("--insecure-no-auth", action="store_true", help="no token (local development only)")
+    sv.add_argument("--tls-cert", default=None, help="PEM certificate (with --tls-key: serve TLS)")
+    sv.add_argument("--tls-key", default=None, help="PEM private key")
+    sv.add_argument("--out", default="runs", help="where swarms write transcripts")
+
+    for name, help_ in (("submit", "submit a job and stream its tokens"), ("jobs", "list jobs"),
+                        ("cancel", "cancel a job")):  # fmt: skip
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--server", default=None, help="HOST:PORT (default: $KVSWARM_SERVER or 127.0.0.1:50051)")
+        c.add_argument("--token", default=None, help=f"bearer token (default: $KVSWARM_TOKEN or {TOKEN_FILE})")
+        c.add_argument("--tls-ca", default=None, help="PEM root certificate of a TLS server")
+        if name == "submit":
+            c.add_argument("swarm")
+            who = c.add_mutually_exclusive_group(required=True)
+            who.add_argument("--agent")
+            who.add_argument("--group")
+            who.add_argument("--new-agent", action="store_true", help="a one-off agent for this job")
+            c.add_argument("message", help="the user message")
+            c.add_argument("--system", default=None, help="system message (one-off agents)")
+            c.add_argument("--max-tokens", type=int, default=0)
+            c.add_argument("--temperature", type=float, default=None)
+            c.add_argument("--stop", action="append", default=[])
+            c.add_argument("--key", default="", help="idempotency key")
+            c.add_argument("--no-wait", action="store_true", help="print the job ids and return")
+        elif name == "jobs":
+            c.add_argument("--swarm", default="")
+            c.add_argument("--state", default="")
+            c.add_argument("--limit", type=int, default=50)
+        else:
+            c.add_argument("job_id")
     return p
+
+
+TOKEN_FILE = "~/.config/kvswarm/token"
+
+
+def _token_file():  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    return Path(TOKEN_FILE).expanduser()
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import os
+
+    from swarm.client import SwarmClient
+
+    token = args.token or os.environ.get("KVSWARM_TOKEN")
+    if token is None and _token_file().exists():
+        token = _token_file().read_text().strip()
+    from pathlib import Path
+
+    ca = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    target = args.server or os.environ.get("KVSWARM_SERVER", "127.0.0.1:50051")
+    return SwarmClient(target, token=token, root_certificates=ca)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    import secrets
+    import signal
+    import threading
+    from pathlib import Path
+
+    from swarm import scheduler
+    from swarm.config import load_config
+    from swarm.planning import available_memory
+    from swarm.server import serve
+
+    cfg = load_config(args.config) if args.config else None
+    token = None
+    if not args.insecure_no_auth:
+        token = args.token or os.environ.get("KVSWARM_TOKEN")
+        if token is None:
+            token = secrets.token_urlsafe(32)
+            f = _token_file()
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch(mode=0o600)
+            f.write_text(token + "\n")
+            print(f"token: written to {f} (clients read it from there)")
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            print("swarm serve: error: give both --tls-cert and --tls-key", file=sys.stderr)
+            return 2
+        tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
+    conn = scheduler.connect(args.address, kv_bytes=available_memory())
+    print(f"Ray: {conn.address}  dashboard: {conn.dashboard_url or '(not running)'}")
+    server = serve(conn=conn, host=args.host, port=args.port, token=token, tls=tls, out_root=Path(args.out))
+    print(f"kvswarm API on {server.target} ({'TLS' if tls else 'plaintext'}, "
+          f"{'bearer token required' if token else 'NO AUTH'})", flush=True)  # fmt: skip
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: done.set())
+    signal.signal(signal.SIGINT, lambda *a: done.set())
+    try:
+        if cfg is not None:
+            run = server.hub.launch(cfg)
+            print(str(run.plan), flush=True)
+        done.wait()
+    finally:
+        server.stop()
+        scheduler.disconnect(conn)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    msgs = ([("system", args.system)] if args.system else []) + [("user", args.message)]
+    sampling = {"temperature": args.temperature} if args.temperature is not None else None
+    with _client(args) as c:
+        jobs = c.submit(
+            args.swarm, agent=args.agent, group=args.group, new_agent=args.new_agent, messages=msgs,
+            max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, idempotency_key=args.key,
+        )  # fmt: skip
+        if args.no_wait:
+            for j in jobs:
+                print(j.id, j.agent)
+            return 0
+        for j in jobs:
+            if len(jobs) > 1:
+                print(f"--- {j.agent} ({j.id})")
+            last = None
+            for ev in c.stream(j.id):
+                sys.stdout.write("".join(ev.pieces))
+                sys.stdout.flush()
+                if ev.done:
+                    last = ev.job
+            print()
+            if last is not None:
+                where = f"{last.agent} on {last.worker} ({last.kv_format})"
+                print(f"[{where}: {last.tokens} tokens, {last.finish_reason}, first token "
+                      f"{last.time_to_first_token_s:.2f} s, {last.duration_s:.2f} s]", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        jobs = c.jobs(args.swarm, args.state, args.limit)
+    print(f"{'job':<18}{'swarm':<12}{'agent':<16}{'state':<11}{'tokens':>7}  finish")
+    for j in jobs:
+        print(f"{j.id:<18}{j.swarm:<12}{j.agent:<16}{j.state:<11}{j.tokens:>7}  {j.finish_reason}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        j = c.cancel(args.job_id)
+    print(f"{j.id}: {j.state} ({j.finish_reason}) after {j.tokens} tokens")
+    return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -263,6 +423,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_launch(args)
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command in ("submit", "jobs", "cancel"):
+            import grpc
+
+            try:
+                return {"submit": cmd_submit, "jobs": cmd_jobs, "cancel": cmd_cancel}[args.command](args)
+            except grpc.RpcError as e:
+                print(f"swarm {args.command}: {e.code().name}: {e.details()}", file=sys.stderr)
+                return 2
     except (SwarmError, ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
         print(f"swarm {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ from worker.service import WorkerSpec
 
 POLL_S = 0.05
 JOIN_CHECK_S = 2.0
+CANCEL_REASONS = ("cancelled", "deadline", "client_cancelled", "swarm_stopped")
 DEFAULT_REVIEW = "Here are the other agents' reports. Review them."
 
 
@@ -418,7 +419,7 @@ class SwarmRun:
                       "time_to_first_token_s": t.first_token_s, "resumed": t.resumed,
                       "history_tokens": len(a.history), "job": job.id if job else None})  # fmt: skip
         if job is not None:
-            job.finish("cancelled" if reason in ("cancelled", "deadline") else "done", reason)
+            job.finish("cancelled" if reason in CANCEL_REASONS else "done", reason)
         a.turn = None
         a.turns_done += 1
         if t.request.task:
