@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -135,8 +134,9 @@ def direct(n: int, kv: str, threads: int, max_tokens: int) -> dict:
             last[s] = now
         made += len(out)
     wall = time.perf_counter() - t0
-    return {"tokens": made, "wall_s": wall, "tokens_per_s": made / wall, "ttft_p50_s": pct(list(first.values()), 50),
-            "ttft_p99_s": pct(list(first.values()), 99), "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99)}  # fmt: skip
+    ttft = list(first.values())
+    return {"tokens": made, "wall_s": wall, "tokens_per_s": made / wall, "ttft_p50_s": pct(ttft, 50),
+            "ttft_p99_s": pct(ttft, 99), "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99)}  # fmt: skip
 
 
 def main() -> None:
@@ -149,8 +149,9 @@ def main() -> None:
     args = ap.parse_args()
     api = through_api(args.jobs, args.kv, args.threads, args.max_tokens)
     eng = direct(args.jobs, args.kv, args.threads, args.max_tokens)
+    cpu = platform.processor() or platform.machine()
     print(f"{args.jobs} concurrent streaming jobs, {args.max_tokens} new tokens each, KV {args.kv}, "
-          f"{args.threads} threads, {platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}")  # fmt: skip
+          f"{args.threads} threads, {cpu}, {time.strftime('%Y-%m-%d')}")  # fmt: skip
     print(f"{'':<22}{'tokens/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
     for name, r in (("gRPC API (Ray)", api), ("engine directly", eng)):
         print(f"{name:<22}{r['tokens_per_s']:>10.1f}{r['ttft_p50_s'] * 1e3:>8.0f}ms{r['ttft_p99_s'] * 1e3:>8.0f}ms"

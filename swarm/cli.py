@@ -149,11 +149,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
+    import yaml
+
     from swarm import scheduler
     from swarm.config import load_config
     from swarm.planning import available_memory
     from swarm.server import serve
 
+    cfg_data = yaml.safe_load(Path(args.config).read_text()) if args.config else None
     cfg = load_config(args.config) if args.config else None
     token = None
     if not args.insecure_no_auth:
@@ -180,8 +183,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *a: done.set())
     signal.signal(signal.SIGINT, lambda *a: done.set())
     try:
-        if cfg is not None:
-            run = server.hub.launch(cfg)
+        if cfg is not None and cfg.name in server.hub.swarms:
+            print(f"swarm {cfg.name} resumed from {server.hub.store.path}", flush=True)
+        elif cfg is not None:
+            run = server.hub.launch(cfg, cfg_data)
             print(str(run.plan), flush=True)
         done.wait()
     finally:

@@ -65,12 +65,22 @@ class Job:
         self._emitted = 0  # characters of _raw already given out as pieces
         self._decoder: Any = None
         self._final = 0  # tokens whose pieces can no longer change (nothing held back after them)
+        self._visible = 0  # tokens recorded durably (a stream hands out no more)
+        self._visible_done = False  # the end is recorded durably
+        self._flushed = 0  # tokens already written to the store
+        self.dirty = True  # state or result changed since the last write
 
     # -- written by the swarm loop ----------------------------------------------------------
     def begin(self, decoder: Any, worker: str, kv_format: str, prompt_tokens: int) -> None:
         with self._cond:
-            self.state, self.started = "running", time.time()
+            if self.started is None:
+                self.started = time.time()
+            self.state = "running"
             self._decoder, self.worker, self.kv_format, self.prompt_tokens = decoder, worker, kv_format, prompt_tokens
+            if self.token_ids:  # resumed after a restart: the decoder catches up on the text so far
+                for tok in self.token_ids:
+                    decoder.push(tok)
+            self.dirty = True
             self._cond.notify_all()
 
     def push(self, tokens: list[int], eot: frozenset[int]) -> bool:
@@ -110,7 +120,67 @@ class Job:
             self.text = self._raw
             self.state, self.finish_reason, self.error = state, reason, error
             self.ended = time.time()
+            self.dirty = True
             self._cond.notify_all()
+
+    def relocate(self, worker: str, kv_format: str) -> None:
+        with self._cond:
+            if (worker, kv_format) != (self.worker, self.kv_format):
+                self.worker, self.kv_format, self.dirty = worker, kv_format, True
+
+    def publish(self) -> None:
+        """Makes what was recorded visible to streams (called after the store committed it)."""
+        with self._cond:
+            self._visible = len(self.token_ids)
+            self._visible_done = self.done
+            self._cond.notify_all()
+
+    # -- the store ------------------------------------------------------------------------------
+    def pending_writes(self) -> tuple[tuple[list[int], list[str]] | None, tuple[str, dict[str, Any]] | None]:
+        """(new tokens and pieces, new state and result) since the last write; marks them written."""
+        with self._cond:
+            chunk = None
+            if len(self.token_ids) > self._flushed:
+                chunk = (self.token_ids[self._flushed :], self.pieces[self._flushed :])
+                self._flushed = len(self.token_ids)
+            update = None
+            if self.dirty or chunk:
+                update = (self.state, self.result())
+                self.dirty = False
+            return chunk, update
+
+    def result(self) -> dict[str, Any]:
+        return {"text": self.text, "finish_reason": self.finish_reason, "error": self.error, "worker": self.worker,
+                "kv_format": self.kv_format, "prompt_tokens": self.prompt_tokens, "started": self.started,
+                "first_token": self.first_token, "ended": self.ended, "stopped": self.stopped, "raw": self._raw,
+                "emitted": self._emitted, "final": self._final,
+                "pieces_patch": self.pieces[-1:] if self.done else []}  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "swarm": self.swarm, "agent": self.agent, "state": self.state,
+                "request": {"messages": self.messages, "max_tokens": self.max_tokens, "sampling": self.sampling,
+                            "stop": list(self.stop), "deadline": self.deadline},
+                "result": self.result(), "idempotency_key": self.idempotency_key, "created": self.created}  # fmt: skip
+
+    @staticmethod
+    def restore(rec: dict[str, Any]) -> Job:
+        r, q = rec["result"], rec["request"]
+        job = Job(swarm=rec["swarm"], agent=rec["agent"], messages=q["messages"], max_tokens=q["max_tokens"],
+                  sampling=q["sampling"], stop=tuple(q["stop"]), idempotency_key=rec["idempotency_key"],
+                  deadline=q["deadline"], id=rec["id"], state=rec["state"], created=rec["created"])  # fmt: skip
+        job.token_ids, job.pieces = list(rec["token_ids"]), list(rec["pieces"])
+        if job.done and r.get("pieces_patch") and job.pieces:
+            job.pieces[-1] = r["pieces_patch"][0]
+        for k in ("text", "finish_reason", "error", "worker", "kv_format", "prompt_tokens", "started", "first_token",
+                  "ended", "stopped"):  # fmt: skip
+            setattr(job, k, r[k])
+        job._raw, job._emitted, job._final = r["raw"], r["emitted"], r["final"]
+        job._flushed = len(job.token_ids)
+        job.dirty = False
+        if job.state == "running":
+            job.state = "queued"  # it runs again (resumed from its tokens) once its agent is placed
+        job.publish()
+        return job
 
     # -- read by API handlers -----------------------------------------------------------------
     @property
@@ -120,11 +190,12 @@ class Job:
     def wait(self, offset: int, timeout: float) -> tuple[list[int], list[str], bool]:
         """Tokens and pieces from `offset`, waiting up to `timeout` for some; (.., .., finished)."""
         with self._cond:
-            if len(self.token_ids) <= offset and not self.done:
+            if self._visible <= offset and not self._visible_done:
                 self._cond.wait(timeout)
-            # A piece followed by held-back text may still grow, so a running job hands out final pieces only.
-            end = len(self.token_ids) if self.done else max(self._final, offset)
-            return self.token_ids[offset:end], self.pieces[offset:end], self.done and end >= len(self.token_ids)
+            # Only recorded tokens go out; and a piece followed by held-back text may still grow, so a running
+            # job hands out final pieces only.
+            end = self._visible if self._visible_done else max(min(self._final, self._visible), offset)
+            return self.token_ids[offset:end], self.pieces[offset:end], self._visible_done and end >= self._visible
 
     def snapshot(self) -> dict[str, Any]:
         with self._cond:

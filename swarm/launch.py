@@ -40,6 +40,7 @@ from swarm.errors import (
 )
 from swarm.jobs import Job
 from swarm.planning import PlanInputs, available_memory, plan_inputs
+from swarm.store import Store
 from worker.service import WorkerSpec
 
 POLL_S = 0.05
@@ -125,6 +126,7 @@ class SwarmRun:
         echo: Callable[[str], None] = print,
         live: bool = True,
         serve: bool = False,
+        store: Store | None = None,
     ) -> None:
         from worker.engine import load_tokenizer
 
@@ -162,6 +164,9 @@ class SwarmRun:
         self._thread: threading.Thread | None = None
         self._oneoffs = 0
         self.jobs: dict[str, Job] = {}
+        self.store = store  # durable agents and jobs (the API server); None: nothing is recorded
+        self._snap_dirty: set[str] = set()  # agents whose snapshot must be rewritten
+        self._hist_flushed: dict[str, int] = {}  # history tokens of each agent already recorded
 
     # -- planning and placement ------------------------------------------------------------
     def _groups(self) -> tuple[list[planner.AgentGroup], dict[str, list[Agent]]]:
@@ -348,6 +353,7 @@ class SwarmRun:
         a.history = tokens if fresh else a.history + tokens
         t.prompt_tokens, t.prompt_ids, t.fresh = len(tokens), list(tokens), fresh
         a.turn = t
+        self._snap_dirty.add(a.name)
         if req.job is not None and a.worker is not None:
             h = self.sched.workers.get(a.worker)
             fmt = _format(h.spec.kv_k, h.spec.kv_v) if h else ""
@@ -366,6 +372,8 @@ class SwarmRun:
             return
         h = self.sched.workers[a.worker]
         t.worker, t.kv_format = a.worker, _format(h.spec.kv_k, h.spec.kv_v)
+        if t.request.job is not None:
+            t.request.job.relocate(t.worker, t.kv_format)
         with contextlib.suppress(scheduler.WorkerLost):  # the next drain reports the loss and the agent moves
             self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, t.request, max_new), fresh)
             a.synced = True
@@ -421,6 +429,7 @@ class SwarmRun:
         if job is not None:
             job.finish("cancelled" if reason in CANCEL_REASONS else "done", reason)
         a.turn = None
+        self._snap_dirty.add(a.name)
         a.turns_done += 1
         if t.request.task:
             a.tasks_done += 1
@@ -429,6 +438,7 @@ class SwarmRun:
             self._finish_agent(a, "context" if reason == "context" else "done")
 
     def _finish_agent(self, a: Agent, note: str) -> None:
+        self._snap_dirty.add(a.name)
         a.finished = True
         a.finish_note = note
         for job in a.jobs:
@@ -504,6 +514,7 @@ class SwarmRun:
             self._fail_jobs(reason, cancelled=True)
             if self.state != "failed":
                 self.state = "stopped"
+            self.flush()
             return self.finish()
 
     def _fail_jobs(self, why: str, cancelled: bool = False) -> None:
@@ -549,6 +560,85 @@ class SwarmRun:
         if self.missing and time.monotonic() - self._last_join > JOIN_CHECK_S:
             self._last_join = time.monotonic()
             self._check_joins()
+        self.flush()
+
+    # -- the record ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Records what changed (one transaction), then lets streams see it."""
+        changed = [j for j in self.jobs.values() if j.dirty or len(j.token_ids) > j._flushed]
+        if self.store is not None:
+            snaps = {n: self._snapshot(self.agents[n]) for n in self._snap_dirty if n in self.agents}
+            chunks = {}
+            for a in self.agents.values():
+                if a.name in snaps:
+                    self._hist_flushed[a.name] = len(a.history)
+                elif len(a.history) > self._hist_flushed.get(a.name, 0):
+                    chunks[a.name] = a.history[self._hist_flushed.get(a.name, 0) :]
+                    self._hist_flushed[a.name] = len(a.history)
+            stmts = self.store.agent_statements(self.cfg.name, snaps, chunks)
+            job_chunks, job_updates = {}, {}
+            for j in changed:
+                chunk, update = j.pending_writes()
+                if chunk:
+                    job_chunks[j.id] = chunk
+                if update:
+                    job_updates[j.id] = update
+            self.store.commit(stmts + self.store.job_statements(job_updates, job_chunks))
+        self._snap_dirty.clear()
+        for j in changed:
+            j.publish()
+
+    def _snapshot(self, a: Agent) -> dict[str, Any]:
+        t = a.turn
+        turn = None
+        if t is not None:
+            r = t.request
+            turn = {"index": t.index, "user": t.user, "reply": t.reply, "prompt_ids": t.prompt_ids, "fresh": t.fresh,
+                    "prompt_tokens": t.prompt_tokens, "started": t.started, "resumed": t.resumed,
+                    "request": {"messages": r.messages, "max_new": r.max_new, "sampling": r.sampling,
+                                "job": r.job.id if r.job else None, "task": r.task}}  # fmt: skip
+        return {"group": dataclasses.asdict(a.group), "index": a.index, "context": a.context, "messages": a.messages,
+                "history": a.history, "tasks_done": a.tasks_done, "turns_done": a.turns_done, "finished": a.finished,
+                "finish_note": a.finish_note, "tokens_generated": a.tokens_generated, "oneoff": a.oneoff,
+                "log": a.log, "turn": turn}  # fmt: skip
+
+    def restore(self, agents: dict[str, tuple[dict[str, Any], list[int]]], jobs: list[dict[str, Any]]) -> None:
+        """Takes back agents and jobs a previous server recorded (before start())."""
+        from swarm.config import load_config
+
+        for rec in jobs:
+            self.jobs[rec["id"]] = Job.restore(rec)
+        for name, (snap, extra) in agents.items():
+            a = self.agents.get(name)
+            if a is None:  # a one-off agent
+                g = load_config({"name": "x", "agents": [_group_dict(snap["group"])]}).agents[0]
+                a = self.agents[name] = Agent(name=name, group=g, index=snap["index"], context=snap["context"])
+                self._oneoffs = max(self._oneoffs, int(name[3:].split("-")[0]) + 1 if name.startswith("job") else 0)
+            for k in ("context", "messages", "history", "tasks_done", "turns_done", "finished", "finish_note",
+                      "tokens_generated", "oneoff", "log"):  # fmt: skip
+                setattr(a, k, snap[k])
+            a.history = a.history + extra
+            t = snap["turn"]
+            if t is not None and not a.finished:
+                r = t["request"]
+                job = self.jobs.get(r["job"]) if r["job"] else None
+                req = TurnRequest(r["messages"], r["max_new"], r["sampling"], job=job, task=r["task"])
+                a.turn = Turn(index=t["index"], user=t["user"], request=req, reply=t["reply"] + extra,
+                              started=t["started"], prompt_ids=t["prompt_ids"], fresh=t["fresh"],
+                              prompt_tokens=t["prompt_tokens"], resumed=t["resumed"])  # fmt: skip
+                if job is not None:
+                    job.begin(self.tok.stream_decoder(skip_special=True), "", "", t["prompt_tokens"])
+            self._hist_flushed[a.name] = len(a.history)
+        queued = sorted((j for j in self.jobs.values() if j.state == "queued"), key=lambda j: j.created)
+        running = {a.turn.request.job.id for a in self.agents.values() if a.turn and a.turn.request.job}
+        for j in queued:
+            if j.id in running:
+                continue
+            a = self.agents.get(j.agent)
+            if a is None or a.finished:
+                j.finish("failed", "agent_finished", f"agent {j.agent} is gone after the restart")
+            else:
+                a.jobs.append(j)
 
     def _apply(self, events: dict[str, dict[str, Any]]) -> None:
         for name, ev in events.items():
@@ -629,12 +719,16 @@ class SwarmRun:
                                                                "start a new agent (new_agent) with a shorter prompt")
                     )  # fmt: skip
             for a in targets:
-                job = Job(swarm=self.cfg.name, agent=a.name, messages=list(messages),
-                          max_tokens=max_tokens or a.group.max_new_tokens, sampling=sampling, stop=tuple(stop),
-                          idempotency_key=idempotency_key, deadline=deadline)  # fmt: skip
+                jobs.append(Job(swarm=self.cfg.name, agent=a.name, messages=list(messages),
+                                max_tokens=max_tokens or a.group.max_new_tokens, sampling=sampling, stop=tuple(stop),
+                                idempotency_key=idempotency_key, deadline=deadline))  # fmt: skip
+            if self.store is not None:  # accepted means recorded
+                self.store.add_jobs([j.record() for j in jobs])
+                self.flush()  # a one-off agent's snapshot, too
+            for a, job in zip(targets, jobs, strict=True):
+                job.dirty = False
                 a.jobs.append(job)
                 self.jobs[job.id] = job
-                jobs.append(job)
             return jobs
 
     def _new_oneoff(self, messages: list[dict[str, str]], max_tokens: int) -> Agent:
@@ -649,6 +743,7 @@ class SwarmRun:
         g = AgentGroup(name=f"job{k}", count=1, context=ctx, max_new_tokens=max_tokens)
         a = Agent(name=f"job{k}-0", group=g, index=0, context=ctx, oneoff=True)
         self.agents[a.name] = a
+        self._snap_dirty.add(a.name)
         try:
             self.place(self._placeable(), f"one-off agent {a.name}")
         except NoFeasiblePlan as e:
@@ -784,6 +879,13 @@ def rebuild_history(transcript: Path, upto_turn: int | None = None) -> list[int]
             return history
         history += rec["token_ids"]
     return history
+
+
+def _group_dict(g: dict[str, Any]) -> dict[str, Any]:
+    """A recorded AgentGroup as config input (tuples became lists)."""
+    out = {k: v for k, v in g.items() if v is not None}
+    out["min_quality"] = {k: v for k, v in g.get("min_quality", {}).items() if v is not None}
+    return out
 
 
 def _sample(names: Any, n: int = 8) -> str:

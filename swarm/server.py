@@ -47,6 +47,7 @@ from swarm.errors import (
 from swarm.jobs import Job
 from swarm.launch import SwarmRun
 from swarm.planning import available_memory, plan_config, plan_inputs
+from swarm.store import Store
 from swarm.v1 import swarm_pb2 as pb
 from swarm.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -140,30 +141,69 @@ class _BearerAuth(grpc.ServerInterceptor):
 
 @dataclass
 class Hub:
-    """Every swarm this server runs, on one Ray connection."""
+    """Every swarm this server runs, on one Ray connection, recorded in one store."""
 
     conn: scheduler.Connection
     out_root: Path
+    store: Store
     echo: Callable[[str], None] = print
     calibrate: Callable[[Path, str, int], dict] | None = None
     swarms: dict[str, SwarmRun] = field(default_factory=dict)
+    archive: dict[str, Job] = field(default_factory=dict)  # jobs of swarms no longer running
     idempotency: dict[str, list[str]] = field(default_factory=dict)  # key -> job ids
     lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def launch(self, cfg: SwarmConfig) -> SwarmRun:
+    def recover(self) -> list[str]:
+        """Relaunches the swarms a previous server left running, with their agents and jobs; their names."""
+        back = []
+        for rec in self.store.swarms():
+            jobs = self.store.jobs(rec["name"])
+            for j in jobs:
+                if j["idempotency_key"]:
+                    self.idempotency.setdefault(j["idempotency_key"], []).append(j["id"])
+            if rec["state"] not in ("starting", "running"):
+                for j in jobs:
+                    self.archive[j["id"]] = Job.restore(j)
+                continue
+            try:
+                cfg = load_config(rec["config"])
+                run = self._make(cfg)
+                run.restore(self.store.agents(cfg.name), jobs)
+                self.swarms[cfg.name] = run
+                run.start()
+                back.append(cfg.name)
+            except Exception as e:  # noqa: BLE001 - the swarm is reported failed, its jobs too
+                why = f"could not resume after a restart: {type(e).__name__}: {e}"
+                self.store.set_swarm_state(rec["name"], "failed", why)
+                for j in jobs:
+                    job = Job.restore(j)
+                    if not job.done:
+                        job.finish("failed", "error", why)
+                        self.store.commit(self.store.job_statements({job.id: (job.state, job.result())}, {}))
+                    self.archive[job.id] = job
+                self.swarms.pop(rec["name"], None)
+        return back
+
+    def _make(self, cfg: SwarmConfig) -> SwarmRun:
+        inputs = plan_inputs(cfg, calibrate=self.calibrate)
+        out = self.out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return SwarmRun(cfg, inputs, scheduler.Scheduler(cfg.name, self.conn), out, echo=self.echo, live=False,
+                        serve=True, store=self.store)  # fmt: skip
+
+    def launch(self, cfg: SwarmConfig, data: dict[str, Any]) -> SwarmRun:
         with self.lock:
             old = self.swarms.get(cfg.name)
             if old is not None and old.state in ("starting", "running"):
                 raise AlreadyExists(f"swarm {cfg.name!r} is already running; stop it first or pick another name")
-            inputs = plan_inputs(cfg, calibrate=self.calibrate)
-            out = self.out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            run = SwarmRun(cfg, inputs, scheduler.Scheduler(cfg.name, self.conn), out, echo=self.echo, live=False,
-                           serve=True)  # fmt: skip
+            run = self._make(cfg)
             self.swarms[cfg.name] = run
         try:
+            self.store.forget_swarm(cfg.name)
+            self.store.put_swarm(cfg.name, data, "running", run.started)
             run.start()
-        except BaseException:
+        except BaseException as e:
             run.sched.shutdown()
+            self.store.set_swarm_state(cfg.name, "failed", f"{type(e).__name__}: {e}")
             with self.lock:
                 self.swarms.pop(cfg.name, None)
             raise
@@ -181,21 +221,36 @@ class Hub:
             return run
         run.stop()
         run.sched.shutdown()
+        self.store.set_swarm_state(name, run.state, run.error)
         return run
 
-    def job(self, job_id: str) -> tuple[SwarmRun, Job]:
+    def job(self, job_id: str) -> tuple[SwarmRun | None, Job]:
         for run in list(self.swarms.values()):
             job = run.jobs.get(job_id)
             if job is not None:
                 return run, job
+        if job_id in self.archive:
+            return None, self.archive[job_id]
         raise NotFound(f"no job {job_id!r}")
 
     def shutdown(self) -> None:
+        """A clean stop: swarms stop, their jobs end as cancelled (recorded)."""
         for name in list(self.swarms):
             run = self.swarms[name]
             if run.state in ("starting", "running"):
                 run.stop("the server shut down")
+                self.store.set_swarm_state(name, "stopped", "the server shut down")
             run.sched.shutdown()
+        self.store.close()
+
+    def crash(self) -> None:
+        """Drills: stops every swarm loop and worker as a killed server process would, recording nothing."""
+        for run in self.swarms.values():
+            run._stop.set()
+            if run._thread is not None:
+                run._thread.join(timeout=60)
+            run.sched.shutdown()
+        self.store.close()
 
 
 # -- request checking --------------------------------------------------------------------------
@@ -232,7 +287,7 @@ def _sampling(req: Any) -> dict[str, Any] | None:
             "repetition_penalty": s.repetition_penalty or 1.0, "seed": s.seed}  # fmt: skip
 
 
-def _config_from_request(req: Any) -> SwarmConfig:
+def _config_from_request(req: Any) -> tuple[SwarmConfig, dict[str, Any]]:
     if req.WhichOneof("source") == "config_yaml" or isinstance(req, pb.PlanSwarmRequest):
         text = req.config_yaml
         if not text.strip():
@@ -241,7 +296,7 @@ def _config_from_request(req: Any) -> SwarmConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise InvalidArgument("config_yaml", f"is not valid YAML ({e})") from e
-        return load_config(data)
+        return load_config(data), data
     if req.WhichOneof("source") != "spec":
         raise InvalidArgument("source", "send config_yaml or spec")
     sp = req.spec
@@ -275,7 +330,7 @@ def _config_from_request(req: Any) -> SwarmConfig:
         data["policy"] = {"formats": list(sp.kv_formats)}
     if sp.threads:
         data["engine"] = {"threads": sp.threads}
-    return load_config(data)
+    return load_config(data), data
 
 
 def _job_pb(job: Job) -> pb.Job:
@@ -329,15 +384,15 @@ class Servicer(pb_grpc.SwarmServiceServicer):
     # -- swarms ---------------------------------------------------------------------------------
     @_unary
     def PlanSwarm(self, request: pb.PlanSwarmRequest, context: grpc.ServicerContext) -> pb.PlanSwarmResponse:
-        cfg = _config_from_request(request)
+        cfg, _ = _config_from_request(request)
         plan, _ = plan_config(cfg, calibrate=self.hub.calibrate)
         return pb.PlanSwarmResponse(plan_json=plan.to_json(), table=str(plan), explanation=plan.explain(),
                                     predicted_tokens_per_s=plan.tokens_per_s)  # fmt: skip
 
     @_unary
     def LaunchSwarm(self, request: pb.LaunchSwarmRequest, context: grpc.ServicerContext) -> pb.LaunchSwarmResponse:
-        cfg = _config_from_request(request)
-        run = self.hub.launch(cfg)
+        cfg, data = _config_from_request(request)
+        run = self.hub.launch(cfg, data)
         return pb.LaunchSwarmResponse(swarm=_info_pb(run.info()), plan_json=run.plan.to_json() if run.plan else "")
 
     @_unary
@@ -399,7 +454,7 @@ class Servicer(pb_grpc.SwarmServiceServicer):
         if request.offset < 0 or request.offset > len(job.token_ids):
             raise InvalidArgument("offset", f"{request.offset} is outside 0..{len(job.token_ids)} (tokens so far)")
         close = self._open_stream(context)
-        if request.cancel_job_on_disconnect:
+        if request.cancel_job_on_disconnect and run is not None:
             context.add_callback(lambda: None if job.done else run.cancel_job(job.id, "client_cancelled"))
         offset = request.offset
         try:
@@ -427,6 +482,7 @@ class Servicer(pb_grpc.SwarmServiceServicer):
         if request.swarm:
             self.hub.swarm(request.swarm)
         jobs = [j for r in list(self.hub.swarms.values()) for j in list(r.jobs.values())]
+        jobs += list(self.hub.archive.values())
         jobs = [j for j in jobs if request.swarm in ("", j.swarm) and request.state in ("", j.state)]
         jobs.sort(key=lambda j: j.created, reverse=True)
         return pb.ListJobsResponse(jobs=[_job_pb(j) for j in jobs[: request.limit or 100]])
@@ -434,7 +490,7 @@ class Servicer(pb_grpc.SwarmServiceServicer):
     @_unary
     def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
         run, job = self.hub.job(request.job_id)
-        return _job_pb(run.cancel_job(job.id))
+        return _job_pb(run.cancel_job(job.id) if run is not None else job)
 
     # -- placement ------------------------------------------------------------------------------
     @_unary
@@ -497,9 +553,16 @@ def serve(
     max_workers: int = 512,
     echo: Callable[[str], None] = print,
     calibrate: Callable[[Path, str, int], dict] | None = None,
+    store_path: Path | None = None,
 ) -> Server:
-    """Starts the server (token None: auth disabled, for local development only)."""
-    hub = Hub(conn=conn, out_root=out_root, echo=echo, calibrate=calibrate)
+    """Starts the server (token None: auth disabled, for local development only).
+
+    Swarms and jobs are recorded in `store_path` (default <out_root>/kvswarm.db);
+    swarms a previous server left running there are resumed before it listens.
+    """
+    hub = Hub(conn=conn, out_root=out_root, store=Store(store_path or out_root / "kvswarm.db"), echo=echo,
+              calibrate=calibrate)  # fmt: skip
+    hub.recover()
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes)]  # fmt: skip
     interceptors = [_BearerAuth(token)] if token else []

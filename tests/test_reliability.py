@@ -1,0 +1,205 @@
+"""Faults caused on purpose: a worker process killed mid-generation, the server
+restarted, a burst larger than capacity. Nothing accepted is lost: every job
+ends completed (with the text an uninterrupted greedy run gives) or reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
+grpc = pytest.importorskip("grpc")
+
+from swarm import scheduler  # noqa: E402
+from swarm.client import SwarmClient  # noqa: E402
+from swarm.server import serve  # noqa: E402
+
+TOKEN = "rel-token"
+SYSTEM = "You are a helpful assistant. Answer briefly."
+LONG = [("user", "Count from 1 to 300, separated by commas.")]  # to an agent whose system prompt is SYSTEM
+ALONE = [("system", SYSTEM), *LONG]
+CONFIG = """
+name: rel
+agents:
+  - name: helper
+    count: 2
+    context: 512
+    system_prompt: You are a helpful assistant. Answer briefly.
+    max_new_tokens: 16
+workers:
+  - name: a
+    kind: virtual
+    device: x86-host
+  - name: b
+    kind: virtual
+    device: x86-host
+policy:
+  formats: [q8_0]
+engine:
+  threads: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def conn():  # type: ignore[no-untyped-def]
+    c = scheduler.connect(None, kv_bytes=8 * 10**9)
+    yield c
+    scheduler.disconnect(c)
+
+
+def _alone(messages: list[tuple[str, str]], max_tokens: int, kv: str = "q8_0") -> list[int]:
+    from worker.engine import Engine, Sampling
+
+    eng = Engine(kv_k=kv, kv_v=kv, threads=1)
+    tok = eng.tokenizer
+    prompt = tok.encode(tok.render_chat([{"role": r, "content": c} for r, c in messages], add_generation_prompt=True))
+    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=max_tokens, stop_tokens=tuple(sorted(tok.eot_ids))))
+    out: list[int] = []
+    while eng.info(seq)["generating"]:
+        out += [t for s, t in eng.step().items() if s == seq]
+    return out
+
+
+def _follow(c: SwarmClient, job_id: str, offset: int = 0, until: int | None = None) -> tuple[list[int], Any]:
+    """Tokens from `offset`, checking contiguity; stops early after `until` tokens."""
+    toks: list[int] = []
+    expect = offset
+    for ev in c.stream(job_id, offset):
+        assert ev.offset == expect, f"gap or repeat: event at {ev.offset}, expected {expect}"
+        toks += ev.token_ids
+        expect += len(ev.token_ids)
+        if ev.done:
+            return toks, ev.job
+        if until is not None and len(toks) >= until:
+            return toks, None
+    return toks, None
+
+
+def test_a_killed_worker_process_loses_no_token(conn: scheduler.Connection, tmp_path: Path) -> None:
+    srv = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    try:
+        with SwarmClient(srv.target, token=TOKEN) as c:
+            c.launch(CONFIG)
+            job = c.submit("rel", agent="helper-0", messages=LONG, max_tokens=120)[0]
+            first, _ = _follow(c, job.id, until=12)
+            worker = c.job(job.id).worker
+            pid = scheduler.placement("rel")["workers"][f"rel.{worker}"]["pid"]
+            os.kill(pid, signal.SIGKILL)  # the worker process dies mid-generation
+            rest, final = _follow(c, job.id, offset=len(first))
+            assert final is not None and final.state == "done", final
+            assert first + rest == _alone(ALONE, 120)  # the text of an uninterrupted greedy run
+            assert final.worker != worker
+            events = srv.hub.swarm("rel").events
+            assert any(e["event"] == "worker_lost" and e["worker"] == worker for e in events)
+            assert any(e["event"] == "moved" and e["agent"] == "helper-0" for e in events)
+            # The new placement is what Ray shows.
+            alive = scheduler.placement("rel")["workers"]
+            assert f"rel.{worker}" not in alive and f"rel.{final.worker}" in alive
+    finally:
+        srv.stop()
+
+
+def test_a_restarted_server_resumes_accepted_jobs(conn: scheduler.Connection, tmp_path: Path) -> None:
+    srv = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    with SwarmClient(srv.target, token=TOKEN) as c:
+        c.launch(CONFIG)
+        running = c.submit("rel", agent="helper-0", messages=LONG, max_tokens=120, idempotency_key="once")[0]
+        queued = c.submit("rel", agent="helper-0", messages=[("user", "Say hi.")], max_tokens=6)[0]
+        seen, _ = _follow(c, running.id, until=10)
+    srv.hub.crash()  # the server process dies: no clean stop, nothing more recorded
+    srv.server.stop(0).wait(5)
+
+    srv2 = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)  # same run directory
+    try:
+        with SwarmClient(srv2.target, token=TOKEN) as c:
+            assert [s.name for s in c.swarms()] == ["rel"]
+            rest, final = _follow(c, running.id, offset=len(seen))  # the client reconnects where it was
+            assert final is not None and final.state == "done"
+            assert seen + rest == _alone(ALONE, 120)
+            _, q = _follow(c, queued.id)
+            assert q is not None and q.state == "done" and q.tokens > 0
+            again = c.submit("rel", agent="helper-0", messages=LONG, max_tokens=120, idempotency_key="once")
+            assert [j.id for j in again] == [running.id]  # the retry is not a second job
+            assert {j.id for j in c.jobs("rel")} >= {running.id, queued.id}
+    finally:
+        srv2.stop()
+
+
+def test_a_stopped_server_reports_its_jobs_after_restart(conn: scheduler.Connection, tmp_path: Path) -> None:
+    srv = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    with SwarmClient(srv.target, token=TOKEN) as c:
+        c.launch(CONFIG)
+        job = c.submit("rel", agent="helper-1", messages=LONG, max_tokens=400)[0]
+        _follow(c, job.id, until=3)
+    srv.stop()  # a clean stop ends running jobs as cancelled, on record
+    srv2 = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    try:
+        with SwarmClient(srv2.target, token=TOKEN) as c:
+            got = c.job(job.id)
+            assert got.state == "cancelled" and got.finish_reason == "swarm_stopped"
+            toks, final = _follow(c, job.id)
+            assert final is not None and len(toks) == got.tokens
+    finally:
+        srv2.stop()
+
+
+def test_a_burst_beyond_capacity_is_completed_or_refused(conn: scheduler.Connection, tmp_path: Path) -> None:
+    cfg = """
+name: burst
+agents:
+  - name: a
+    count: 1
+    context: 128
+    max_new_tokens: 4
+workers:
+  - name: small
+    kind: virtual
+    device: raspberry-pi-5
+    memory: 118MiB
+policy:
+  formats: [q8_0]
+engine:
+  threads: 1
+"""
+    srv = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    try:
+        with SwarmClient(srv.target, token=TOKEN) as c:
+            c.launch(cfg)
+            accepted, refused = [], []
+            over_budget: list[str] = []
+            stop = threading.Event()
+
+            def watch() -> None:  # the engine never holds more KV than its budget
+                run = srv.hub.swarm("burst")
+                while not stop.is_set():
+                    for w, s in run.sched.states().items():
+                        if isinstance(s, dict) and s["kv_bytes_reserved"] > s["kv_budget_bytes"]:
+                            over_budget.append(f"{w}: {s['kv_bytes_reserved']} > {s['kv_budget_bytes']}")
+                    time.sleep(0.05)
+
+            t = threading.Thread(target=watch)
+            t.start()
+            for i in range(24):  # one-off agents of ~600 tokens each: only a few fit the 118 MiB device
+                try:
+                    accepted += c.submit("burst", new_agent=True, messages=[("user", f"Story {i}: once upon a time")],
+                                         max_tokens=560)  # fmt: skip
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+                    assert "no worker has room" in e.details()
+                    refused.append(e.details())
+            finals = [_follow(c, j.id)[1] for j in accepted]
+            stop.set()
+            t.join()
+            assert accepted and refused, (len(accepted), len(refused))
+            assert all(f is not None and f.state == "done" for f in finals)
+            assert not over_budget, over_budget[:3]
+    finally:
+        srv.stop()
