@@ -189,7 +189,8 @@ def _load(cls: Any, data: Any, path: str) -> Any:
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(fields)}"
-            raise ConfigError(_join(path, str(key)), "is not a known key", hint)
+            name = str(key) if isinstance(key, str) and key.strip() and key.isprintable() else repr(key)
+            raise ConfigError(_join(path, name), "is not a known key", hint)
     kwargs = {}
     for name, f in fields.items():
         p = _join(path, name)
@@ -233,6 +234,17 @@ def load_config(source: str | Path | dict[str, Any]) -> SwarmConfig:
             raise ConfigError(str(p), f"cannot be read ({e.strerror})", "check the path") from e
         except yaml.YAMLError as e:
             raise ConfigError(str(p), f"is not valid YAML ({e})", "fix the YAML syntax") from e
+    cfg = _load(SwarmConfig, data, "")
+    _cross_check(cfg)
+    return cfg
+
+
+def parse_config(text: str, origin: str = "config") -> SwarmConfig:
+    """Parses and validates a swarm config given as YAML text (an API request, a test)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(origin, f"is not valid YAML ({e})", "fix the YAML syntax") from e
     cfg = _load(SwarmConfig, data, "")
     _cross_check(cfg)
     return cfg

@@ -115,6 +115,9 @@ def read_geometry(path: str | Path) -> ModelGeometry:
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file. To fix: pass the path of a .gguf file")
+    size = path.stat().st_size
+    if size < 24:  # magic, version, two counts (and mmap refuses an empty file)
+        raise ModelFileError(f"{path}: truncated ({size} bytes, no GGUF header). To fix: download it again")
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         r = _Reader(buf, path)
         if r.take(4) != b"GGUF":

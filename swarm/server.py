@@ -519,6 +519,61 @@ class Servicer(pb_grpc.SwarmServiceServicer):
             close()
 
 
+# -- parsing requests safely -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Unparsable:
+    """A request body that is not the method's message (bad wire format, invalid UTF-8 in a string)."""
+
+    type_name: str
+    error: str
+
+
+def _parser(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends: answered INVALID_ARGUMENT below
+            return _Unparsable(cls.DESCRIPTOR.full_name, str(e) or type(e).__name__)
+
+    return parse
+
+
+def _refuse(req: _Unparsable, context: grpc.ServicerContext) -> None:
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"the request is not a valid {req.type_name} ({req.error}); strings must be UTF-8")  # fmt: skip
+
+
+def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
+    """The service's method handlers with parsers that turn a malformed body into INVALID_ARGUMENT."""
+    handlers = {}
+    for m in pb.DESCRIPTOR.services_by_name["SwarmService"].methods:
+        req_cls, resp_cls = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        fn = getattr(servicer, m.name)
+        if m.server_streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext, fn: Any = fn) -> Iterator[Any]:
+                if isinstance(request, _Unparsable):
+                    _refuse(request, context)
+                yield from fn(request, context)
+
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=_parser(req_cls), response_serializer=resp_cls.SerializeToString
+            )
+        else:
+
+            def unary(request: Any, context: grpc.ServicerContext, fn: Any = fn) -> Any:
+                if isinstance(request, _Unparsable):
+                    _refuse(request, context)
+                return fn(request, context)
+
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=_parser(req_cls), response_serializer=resp_cls.SerializeToString
+            )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
 # -- the server --------------------------------------------------------------------------------------
 
 
@@ -568,7 +623,7 @@ def serve(
     interceptors = [_BearerAuth(token)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=interceptors, options=options, maximum_concurrent_rpcs=max_workers)  # fmt: skip
-    pb_grpc.add_SwarmServiceServicer_to_server(Servicer(hub, limits), server)
+    server.add_generic_rpc_handlers((_handlers(Servicer(hub, limits)),))
     h = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(h, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

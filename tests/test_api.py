@@ -487,3 +487,29 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
         assert (tmp_path / "swarm" / "v1" / name).read_text() == (ROOT / "swarm" / "v1" / name).read_text(), (
             f"swarm/v1/{name} is stale: run `make protos`"
         )
+
+
+def test_garbage_bodies_are_invalid_argument_and_the_server_lives_on(api: dict[str, Any]) -> None:
+    channel = grpc.insecure_channel(api["server"].target)
+    md = [("authorization", f"Bearer {TOKEN}")]
+    raw = channel.unary_unary("/kvswarm.swarm.v1.SwarmService/SubmitJob", request_serializer=lambda b: b,
+                              response_deserializer=lambda b: b)  # fmt: skip
+    # Field 1 (swarm, a string) holding bytes that are not UTF-8.
+    bad_utf8 = b"\x0a\x04\xff\xfe\xfd\xfc"
+    for body in (bad_utf8, b"\xff\xff\xff\xff", b"\x0a\x10short"):
+        with pytest.raises(grpc.RpcError) as e:
+            raw(body, timeout=30, metadata=md)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert "not a valid kvswarm.swarm.v1.SubmitJobRequest" in e.value.details()
+    stream = channel.unary_stream("/kvswarm.swarm.v1.SwarmService/StreamJob", request_serializer=lambda b: b,
+                                  response_deserializer=lambda b: b)  # fmt: skip
+    with pytest.raises(grpc.RpcError) as e:
+        list(stream(bad_utf8, timeout=30, metadata=md))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A body past the message-size limit is refused by gRPC before it is parsed.
+    with pytest.raises(grpc.RpcError) as e:
+        api["client"].submit("api", agent="helper-0", messages=[("user", "x" * (5 << 20))])
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    channel.close()
+    assert api["client"].health() == "SERVING"
+    assert api["client"].generate("api", [("user", "Hi.")], agent="helper-0", max_tokens=2).state == "done"
