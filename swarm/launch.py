@@ -44,6 +44,9 @@ from swarm.store import Store
 from worker.service import WorkerSpec
 
 POLL_S = 0.05
+CRASH_LOOP = 3  # deaths of one worker within CRASH_WINDOW_S before it is given up on
+CRASH_WINDOW_S = 60.0
+REJOIN_AFTER_S = 30.0
 JOIN_CHECK_S = 2.0
 CANCEL_REASONS = ("cancelled", "deadline", "client_cancelled", "swarm_stopped")
 DEFAULT_REVIEW = "Here are the other agents' reports. Review them."
@@ -154,7 +157,9 @@ class SwarmRun:
         self.started = time.time()
         self.on_tick: Callable[[SwarmRun], None] | None = None  # called once per poll (drills, tests)
         self._released = False
-        self._lost: set[str] = set()
+        self._lost: set[str] = set()  # workers given up on (a crash loop)
+        self._deaths: dict[str, list[float]] = {}
+        self._rejoin_after: dict[str, float] = {}
         self.serve = serve  # agents wait for jobs after their tasks instead of finishing
         self.lock = threading.RLock()  # the loop and API calls
         self.generation = 0  # placements made
@@ -549,10 +554,11 @@ class SwarmRun:
                 self._event("worker_lost", worker=w, error=str(drained[w]))
                 self._lose_sessions(w, f"worker {w} was lost")
                 self.sched.forget(w)
-            self._lost |= set(lost)
+            for w in lost:
+                self._after_loss(w)
             live = self._placeable()
             if not live:
-                raise SwarmError(f"every worker is lost ({', '.join(sorted(self._lost))}); nothing can run")
+                raise SwarmError(f"every worker is lost ({', '.join(sorted(lost))}); nothing can run")
             self.place(live, f"lost {', '.join(lost)}")
         elif self._released:
             self._released = False
@@ -807,9 +813,24 @@ class SwarmRun:
             if wp.worker in self.sched.workers:
                 self.sched.reserve(wp.worker, self._reservations(wp, assignment))  # type: ignore[arg-type]
 
+    def _after_loss(self, w: str) -> None:
+        """A lost local or virtual worker is started afresh by the re-plan, unless it keeps dying; a lost
+        cluster worker waits for a node that offers its device again."""
+        now = time.monotonic()
+        deaths = [t for t in self._deaths.get(w, []) if now - t < CRASH_WINDOW_S] + [now]
+        self._deaths[w] = deaths
+        if self.worker_cfg[w].kind == "cluster":
+            self.missing.add(w)
+            self._rejoin_after[w] = now + REJOIN_AFTER_S  # Ray may still list the dead node's resources
+        elif len(deaths) >= CRASH_LOOP:
+            self._lost.add(w)
+            self._event("worker_crash_loop", worker=w, deaths=len(deaths), window_s=CRASH_WINDOW_S)
+
     def _check_joins(self) -> None:
         res = scheduler.cluster_resources()
-        joined = [w for w in self.missing if res.get(f"device:{self.worker_cfg[w].device}", 0) >= 1]
+        now = time.monotonic()
+        joined = [w for w in self.missing if res.get(f"device:{self.worker_cfg[w].device}", 0) >= 1
+                  and now >= self._rejoin_after.get(w, 0.0)]  # fmt: skip
         if joined:
             self.missing -= set(joined)
             self._event("worker_joined", workers=joined)

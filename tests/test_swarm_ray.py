@@ -377,3 +377,52 @@ def test_a_worker_that_joins_mid_run_is_planned_in(cluster: Cluster, tmp_path: P
     assert placed_after and any(w["worker"] == "late" and w["agents"] for w in placed_after[0]["plan"])
     assert all(a["finish"] == "done" and a["turns"] == 3 for a in summary["agents"].values())
     assert any(a["worker"] == "late" for a in summary["agents"].values())
+
+
+def test_a_removed_node_moves_its_agents_and_status_shows_it(cluster: Cluster, tmp_path: Path) -> None:
+    node = cluster.add_node(num_cpus=1, resources={"device:apple-m4-max": 1, scheduler.KV_RESOURCE: NODE_KV})
+    cluster.wait_for_nodes(timeout=60)
+    cfg = load_config(
+        {
+            "name": "t3node",
+            "agents": [{"name": "a", "count": 4, "context": 256, "max_new_tokens": MAX_NEW,
+                        "tasks": ["Name a color.", "Name another.", "And one more."]}],
+            "workers": [
+                {"name": "head", "kind": "cluster", "device": "x86-host", "calibration": "catalog"},
+                {"name": "doomed", "kind": "cluster", "device": "apple-m4-max", "calibration": "catalog"},
+            ],
+            "policy": {"formats": ["q8_0"]},
+            "engine": {"threads": 1},
+        }
+    )  # fmt: skip
+    seen: dict[str, Any] = {}
+
+    def on_tick(run: Any) -> None:
+        if "removed" not in seen and any(a.worker == "doomed" and a.tokens_generated for a in run.agents.values()):
+            seen["removed"] = [a.name for a in run.agents.values() if a.worker == "doomed"]
+            cluster.remove_node(node)  # the machine goes away with its worker
+        if "removed" in seen and "after" not in seen and any(e["event"] == "worker_lost" for e in run.events):
+            seen["after"] = scheduler.placement("t3node")
+            status = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--address", cluster.address],
+                                    capture_output=True, text=True, timeout=120)  # fmt: skip
+            seen["status"] = status.stdout
+            url = f"http://127.0.0.1:{cluster.dashboard_port}/api/v0/actors?detail=1&limit=1000"
+            with urllib.request.urlopen(url, timeout=30) as r:
+                seen["dashboard"] = json.loads(r.read())["data"]["result"]["result"]
+
+    summary = launch(cfg, address=cluster.address, out_dir=tmp_path, live=False, timeout_s=600, on_tick=on_tick,
+                     echo=lambda m: None)  # fmt: skip
+    assert seen.get("removed"), "no agent was placed on the node before it went away"
+    assert all(a["finish"] == "done" and a["turns"] == 3 for a in summary["agents"].values())
+    assert all(summary["agents"][n]["worker"] == "head" for n in seen["removed"])
+    assert any(e["event"] == "worker_lost" and e["worker"] == "doomed" for e in summary["events"])
+    assert {e["agent"] for e in summary["events"] if e["event"] == "moved" and e["src"] == "doomed"} == set(
+        seen["removed"]
+    )
+    assert set(seen["after"]["workers"]) == {"t3node.head"}
+    assert "t3node.head" in seen["status"] and "t3node.doomed" not in seen["status"]
+    alive = {a["name"] for a in seen["dashboard"] if a["state"] == "ALIVE" and a.get("name", "").startswith("t3node")}
+    assert alive == {"t3node.head"}
+    bundles = [b for g in seen["after"]["placement_groups"] for b in g["bundles"]]
+    assert {b["label"] for b in bundles if b["label"].startswith("a-")} <= set(summary["agents"])
+    assert all(b["node_id"] == seen["after"]["workers"]["t3node.head"]["node_id"] for b in bundles)
