@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve
+.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz sanitize
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -70,6 +70,19 @@ bench: build
 	$(PY) bench/decode.py --depths 0 2048 8150
 	$(PY) bench/aggregate.py
 	$(PY) bench/exchange_rate.py --plot docs/exchange_rate.png
+
+# The API under 200 concurrent streams, a 10-minute soak with worker kills, a 10-minute GGUF fuzzing hunt.
+bench-api: build
+	cd bench && ../$(PY) api_load.py --json results/api_load.json
+soak: build
+	cd bench && ../$(PY) soak.py --minutes 10 --json results/soak.json
+fuzz: build
+	mkdir -p build/fuzz-corpus && cd build && ../$(PY) ../bench/fuzz_gguf.py -max_total_time=600 fuzz-corpus
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the native kernel and engine drivers, run
+# (also part of `make test`, via tests/test_native_kernels.py).
+sanitize: setup
+	$(PY) -m pytest -q tests/test_native_kernels.py -k sanitizers
 
 clean:
 	rm -rf build $(VENV)
