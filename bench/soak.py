@@ -176,7 +176,8 @@ def main() -> None:
         "minutes": args.minutes, "clients": args.clients, "kills": kills, "outcomes": dict(outcomes),
         "reasons": dict(reasons.most_common(20)), "lost": lost, "unfinished_on_server": unfinished,
         "latency_p50_s": pct(latency, 50), "latency_p99_s": pct(latency, 99),
-        "rss_start": rss_start, "rss_end": rss_end, "kv_budgets_end": budgets, "date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0],
+        "rss_start": rss_start, "rss_end": rss_end, "kv_budgets_end": budgets, "date": time.strftime("%Y-%m-%d"),
+        "python": sys.version.split()[0],
     }  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "lost"}, indent=2))
     print(f"lost: {len(lost)}" + (f" (first: {lost[0]})" if lost else ""))
