@@ -465,8 +465,26 @@ class SwarmRun:
                 self.echo(f"worker {w}: no node offers device:{wc.device} yet; planning without it")
         with self.lock:
             self.place([w for w in workers if w not in self.missing], "launch")
+            self._adopt_measured_profiles()
             self.state = "running"
         self._last_join = time.monotonic()
+
+    def _adopt_measured_profiles(self) -> None:
+        """Cluster workers calibrate themselves on start; the plan is redone with what they measured."""
+        changed = []
+        for w, st in self.sched.states().items():
+            prof = st.get("profile") if isinstance(st, dict) else None
+            d = self.devices.get(w)
+            if d is None or not prof or prof.get("source") != "measured" or d.calibration.source == "measured":
+                continue
+            cal = planner.Calibration(source="measured", weight_step_s=tuple(prof["weight_step_s"]),
+                                      attn_ns=dict(prof["attn_ns"]), quality=self.inputs.quality,
+                                      machine=prof.get("machine", ""))  # fmt: skip
+            self.devices[w] = dataclasses.replace(d, calibration=cal)
+            changed.append(w)
+        if changed:
+            self._event("measured", workers=changed)
+            self.place(self._placeable(), f"{', '.join(changed)} measured on their nodes")
 
     def run(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Runs every agent's tasks to the end (the `swarm launch` mode)."""

@@ -56,6 +56,7 @@ KV_RESOURCE = "kv_bytes"
 NODE_LABEL = "ray.io/node-id"
 TIMEOUT_S = 120.0  # placement and worker start (a cold start may calibrate)
 CALL_TIMEOUT_S = 30.0  # one request to a running worker
+CALIBRATE_TIMEOUT_S = 1800.0  # a worker that measures itself on start (cached after the first time)
 
 
 class SchedulerError(SwarmError):
@@ -321,7 +322,9 @@ class Scheduler:
                 lifetime=self._lifetime,
             ).remote(_spec_dict(spec))
             started.append((spec, actor, pg))
-        nodes = _get([a.node_id.remote() for _, a, _ in started], timeout_s, "worker start")
+        calibrating = any(spec.calibration != "catalog" for spec, _, _ in started)  # a cold full run takes minutes
+        nodes = _get([a.node_id.remote() for _, a, _ in started], max(timeout_s, CALIBRATE_TIMEOUT_S) if calibrating
+                     else timeout_s, "worker start")  # fmt: skip
         for (spec, actor, pg), node in zip(started, nodes, strict=True):
             self.workers[spec.name] = WorkerHandle(spec=spec, actor=actor, pg=pg, node_id=node)
 

@@ -202,3 +202,57 @@ engine:
             assert not over_budget, over_budget[:3]
     finally:
         srv.stop()
+
+
+def test_a_killed_server_process_restarts_and_finishes_its_jobs(tmp_path: Path) -> None:
+    """The real thing: `swarm serve` killed with SIGKILL and started again on the same run directory."""
+    import socket
+    import subprocess
+    import sys
+
+    from ray.cluster_utils import Cluster
+
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"kv_bytes": 4e9}})
+    address = cluster.address
+    config = tmp_path / "rel.yaml"
+    config.write_text(CONFIG)
+    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--config", str(config), "--address", address, "--port",
+           str(port), "--token", TOKEN, "--out", str(tmp_path / "runs")]  # fmt: skip
+
+    def start() -> subprocess.Popen[str]:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        deadline = time.monotonic() + 300
+        with SwarmClient(f"127.0.0.1:{port}", token=TOKEN, timeout_s=5) as c:
+            while time.monotonic() < deadline:
+                try:
+                    if [s.name for s in c.swarms() if s.state == "running"] == ["rel"]:
+                        return p
+                except grpc.RpcError:
+                    pass
+                assert p.poll() is None, p.stdout.read() if p.stdout else ""
+                time.sleep(0.5)
+        raise AssertionError("the server did not come up")
+
+    server = start()
+    try:
+        with SwarmClient(f"127.0.0.1:{port}", token=TOKEN) as c:
+            job = c.submit("rel", agent="helper-1", messages=LONG, max_tokens=120)[0]
+            seen, _ = _follow(c, job.id, until=10)
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=60)
+        server = start()  # resumes the swarm from <out>/kvswarm.db
+        with SwarmClient(f"127.0.0.1:{port}", token=TOKEN) as c:
+            rest, final = _follow(c, job.id, offset=len(seen))
+            assert final is not None and final.state == "done"
+            assert seen + rest == _alone(ALONE, 120)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        cluster.shutdown()

@@ -426,3 +426,26 @@ def test_a_removed_node_moves_its_agents_and_status_shows_it(cluster: Cluster, t
     bundles = [b for g in seen["after"]["placement_groups"] for b in g["bundles"]]
     assert {b["label"] for b in bundles if b["label"].startswith("a-")} <= set(summary["agents"])
     assert all(b["node_id"] == seen["after"]["workers"]["t3node.head"]["node_id"] for b in bundles)
+
+
+def test_cluster_workers_measure_themselves_and_the_plan_uses_it(cluster: Cluster, tmp_path: Path) -> None:
+    cfg = load_config(
+        {
+            "name": "t3cal",
+            "agents": [{"name": "a", "count": 2, "context": 256, "max_new_tokens": MAX_NEW, "tasks": ["Say hi."]}],
+            "workers": [
+                {"name": "head", "kind": "cluster", "device": "x86-host", "calibration": "quick"},
+                {"name": "board", "kind": "cluster", "device": "rk3588", "calibration": "catalog"},
+            ],
+            "policy": {"formats": ["q8_0", "f16"]},
+            "engine": {"threads": 1},
+        }
+    )  # fmt: skip
+    summary = launch(cfg, address=cluster.address, out_dir=tmp_path, live=False, timeout_s=900, echo=lambda m: None)
+    measured = [e for e in summary["events"] if e["event"] == "measured"]
+    assert measured and measured[0]["workers"] == ["head"], summary["events"]
+    sources = {w["worker"]: w["source"] for w in summary["plan"]["workers"]}
+    assert sources["head"] == "measured" and sources["board"] == "predicted from catalog"
+    if "head" in summary["workers"]:  # still hosting agents after the re-plan
+        assert summary["workers"]["head"]["profile"]["source"] == "measured"
+    assert all(a["finish"] == "done" for a in summary["agents"].values())
