@@ -250,8 +250,24 @@ def parse_config(text: str, origin: str = "config") -> SwarmConfig:
     return cfg
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _check_name(value: str, path: str) -> None:
+    """Names become Ray actor and placement-group names and file names: no spaces, slashes or brackets."""
+    if not NAME.fullmatch(value) or value.endswith(".prefix"):
+        raise ConfigError(path, f"{value!r} is not a usable name",
+                          "use 1-63 letters, digits, '-', '_' or '.', starting with a letter or digit")  # fmt: skip
+
+
 def _cross_check(cfg: SwarmConfig) -> None:
     from swarm.devices import load_catalog
+
+    _check_name(cfg.name, "name")
+    for i, g in enumerate(cfg.agents):
+        _check_name(g.name, f"agents[{i}].name")
+    for i, w in enumerate(cfg.workers):
+        _check_name(w.name, f"workers[{i}].name")
 
     names = [g.name for g in cfg.agents]
     for i, g in enumerate(cfg.agents):

@@ -169,6 +169,7 @@ class SwarmRun:
         self._thread: threading.Thread | None = None
         self._oneoffs = 0
         self.jobs: dict[str, Job] = {}
+        self._placement_cache: tuple[float, int, dict[str, Any]] | None = None
         self.store = store  # durable agents and jobs (the API server); None: nothing is recorded
         self._snap_dirty: set[str] = set()  # agents whose snapshot must be rewritten
         self._hist_flushed: dict[str, int] = {}  # history tokens of each agent already recorded
@@ -793,8 +794,13 @@ class SwarmRun:
                 self._cancel_turn(a, reason)
             return job
 
-    def placement(self) -> dict[str, Any]:
-        """Per worker: device, formats, agents, KV bytes, predicted and measured tokens/s."""
+    def placement(self, max_age_s: float = 0.25) -> dict[str, Any]:
+        """Per worker: device, formats, agents, KV bytes, predicted and measured tokens/s.
+
+        Answers younger than `max_age_s` are shared (many watchers cost one round of worker calls)."""
+        cached = self._placement_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age_s and cached[1] == self.generation:
+            return cached[2]
         with self.lock:
             states = self.sched.states() if self.state == "running" else {}
             planned = {wp.worker: wp for wp in (self.plan.workers if self.plan else ())}
@@ -814,7 +820,9 @@ class SwarmRun:
                     "measured_tokens_per_s": float(st.get("tokens_per_s", 0.0)),
                     "queue_depth": int(st.get("queue_depth", 0)),
                 })  # fmt: skip
-            return {"swarm": self.cfg.name, "generation": self.generation, "workers": out}
+            result = {"swarm": self.cfg.name, "generation": self.generation, "workers": out}
+            self._placement_cache = (time.monotonic(), self.generation, result)
+            return result
 
     def info(self) -> dict[str, Any]:
         with self.lock:

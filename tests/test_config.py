@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,20 @@ def test_published_scenario_config_plans_a_quantized_cache() -> None:
     assert {w.kv_k, w.kv_v} & {"q8_0", "q8_head", "q4_0"}
     assert w.source == "predicted from catalog"
     assert w.memory_bytes <= w.usable_bytes
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "../escape"), ("name", "has space"), ("agents[0].name", "a/b"), ("agents[0].name", "x[1]"),
+     ("workers[0].name", ""), ("name", "-lead"), ("agents[0].name", "g.prefix")],
+)  # fmt: skip
+def test_names_that_cannot_become_ray_or_file_names_are_refused(field: str, value: str) -> None:
+    doc = {"name": "ok", "agents": [{"name": "a", "count": 1, "context": 64}], "workers": [{"name": "w"}]}
+    if field == "name":
+        doc["name"] = value
+    elif field.startswith("agents"):
+        doc["agents"][0]["name"] = value
+    else:
+        doc["workers"][0]["name"] = value
+    with pytest.raises(ConfigError, match=re.escape(field) + ": .* is not a usable name"):
+        load_config(doc)
