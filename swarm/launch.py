@@ -47,6 +47,7 @@ POLL_S = 0.05
 CRASH_LOOP = 3  # deaths of one worker within CRASH_WINDOW_S before it is given up on
 CRASH_WINDOW_S = 60.0
 REJOIN_AFTER_S = 30.0
+REPLAN_GAIN = 1.15  # a re-plan after agents finish must promise this much more aggregate tokens/s
 JOIN_CHECK_S = 2.0
 CANCEL_REASONS = ("cancelled", "deadline", "client_cancelled", "swarm_stopped")
 DEFAULT_REVIEW = "Here are the other agents' reports. Review them."
@@ -153,6 +154,7 @@ class SwarmRun:
         self.worker_cfg = {w.name: w for w in cfg.workers}
         self.missing: set[str] = set()  # cluster workers whose device no node offers yet
         self.plan: planner.Plan | None = None
+        self.initial_plan: planner.Plan | None = None
         self.events: list[dict[str, Any]] = []
         self.started = time.time()
         self.on_tick: Callable[[SwarmRun], None] | None = None  # called once per poll (drills, tests)
@@ -175,9 +177,9 @@ class SwarmRun:
         self._hist_flushed: dict[str, int] = {}  # history tokens of each agent already recorded
 
     # -- planning and placement ------------------------------------------------------------
-    def _groups(self) -> tuple[list[planner.AgentGroup], dict[str, list[Agent]]]:
+    def _groups(self, agents: list[Agent] | None = None) -> tuple[list[planner.AgentGroup], dict[str, list[Agent]]]:
         by: dict[str, list[Agent]] = {}
-        for a in self.agents.values():
+        for a in self.agents.values() if agents is None else agents:
             if not a.finished:
                 by.setdefault(a.planner_group, []).append(a)
         base = {g.name: g for g in self.inputs.groups}
@@ -187,8 +189,8 @@ class SwarmRun:
             groups.append(dataclasses.replace(b, name=key, count=len(members), context=members[0].context))
         return groups, by
 
-    def _plan(self, workers: list[str]) -> planner.Plan:
-        groups, _ = self._groups()
+    def _plan(self, workers: list[str], agents: list[Agent] | None = None) -> planner.Plan:
+        groups, _ = self._groups(agents)
         devices = [self.devices[w] for w in workers]
         i = self.inputs
         return planner.plan(i.geometry, devices, groups, i.policy, settings=i.settings, quality=i.quality)
@@ -284,6 +286,7 @@ class SwarmRun:
         for w, wp in planned.items():
             self.sched.reserve(w, self._reservations(wp, assignment))
         self.plan = plan
+        self.initial_plan = self.initial_plan or plan
         self.generation += 1
         self._event("placed", reason=reason, plan=plan.to_dict()["workers"] if reason != "launch" else None)
 
@@ -832,8 +835,23 @@ class SwarmRun:
                     "tokens_generated": sum(a.tokens_generated for a in self.agents.values())}  # fmt: skip
 
     def _release(self) -> None:
-        """Frees finished agents' KV reservations (the workers keep their formats)."""
+        """Agents finished: re-plans the rest when the new plan is predicted to be REPLAN_GAIN faster than
+        where they sit (a move costs a re-prefill); otherwise frees the finished agents' KV in place."""
         assert self.plan is not None
+        live = [a for a in self.agents.values() if not a.finished and a.worker is not None]
+        if live:
+            now = 0.0
+            for w in {a.worker for a in live}:  # the current assignment, each worker at its best format
+                with contextlib.suppress(NoFeasiblePlan):
+                    now += self._plan([w], [a for a in live if a.worker == w]).tokens_per_s  # type: ignore[list-item]
+            try:
+                better = self._plan(self._placeable())
+            except NoFeasiblePlan:
+                better = None
+            if better is not None and better.tokens_per_s > REPLAN_GAIN * now:
+                self._event("replan_gain", now=round(now, 1), planned=round(better.tokens_per_s, 1))
+                self.place(self._placeable(), f"agents finished: {better.tokens_per_s:.0f} vs {now:.0f} tokens/s")
+                return
         assignment = {a.name: a.worker for a in self.agents.values() if not a.finished and a.worker}
         for wp in self.plan.workers:
             if wp.worker in self.sched.workers:
@@ -891,7 +909,8 @@ class SwarmRun:
             "wall_s": wall,
             "tokens_generated": total,
             "tokens_per_s": total / wall if wall > 0 else 0.0,
-            "plan": self.plan.to_dict() if self.plan else None,
+            "plan": self.plan.to_dict() if self.plan else None,  # the latest
+            "initial_plan": self.initial_plan.to_dict() if self.initial_plan else None,
             "workers": states,
             "agents": {
                 a.name: {
