@@ -409,12 +409,13 @@ class Scheduler:
         """Kills a worker's actor as a crash would (tests and drills)."""
         ray.kill(self.workers[worker].actor, no_restart=True)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 15.0) -> None:
+        """Stops every worker (one shared deadline, so a dead Ray does not hold this up) and frees its groups."""
+        with contextlib.suppress(Exception):  # stopping anyway
+            refs = [h.actor.stop.remote() for h in self.workers.values() if h.alive]
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for name in list(self.workers):
-            h = self.workers[name]
-            if h.alive:
-                with contextlib.suppress(Exception):  # stopping anyway
-                    ray.get(h.actor.stop.remote(), timeout=CALL_TIMEOUT_S)
             self.forget(name)
 
     def live_workers(self) -> list[str]:
@@ -438,11 +439,20 @@ def _get(refs: list[Any], timeout_s: float, what: str, h: WorkerHandle | None = 
         raise WorkerLost(f"{what}: the worker died ({type(e).__name__})") from e
 
 
-def _gather(refs: list[Any], handles: list[WorkerHandle]) -> list[Any]:
+def _gather(refs: list[Any], handles: list[WorkerHandle], timeout_s: float = CALL_TIMEOUT_S) -> list[Any]:
+    """One answer per worker within one shared deadline; a worker that died or stayed silent maps to WorkerLost."""
+    try:
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
+    except Exception:  # noqa: BLE001 - Ray itself is gone: every worker is
+        ready = set()
     out: list[Any] = []
     for ref, h in zip(refs, handles, strict=True):
+        if ref not in ready:
+            h.alive = False
+            out.append(WorkerLost(f"worker {h.spec.name!r}: no answer within {timeout_s:.0f} s"))
+            continue
         try:
-            out.append(ray.get(ref, timeout=CALL_TIMEOUT_S))
+            out.append(ray.get(ref, timeout=timeout_s))
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError,
                 RuntimeError) as e:  # fmt: skip
             h.alive = False
