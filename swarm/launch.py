@@ -495,7 +495,9 @@ class SwarmRun:
         self.begin()
         assert self.plan is not None
         self.echo(str(self.plan))
-        ui = _Progress(self) if self.live else None
+        from swarm.progress import LiveProgress
+
+        ui = LiveProgress(self) if self.live else None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while not all(a.finished for a in self.agents.values()):
@@ -981,61 +983,6 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows.append(f"{summary['tokens_generated']} tokens in {summary['wall_s']:.1f} s "
                 f"({summary['tokens_per_s']:.1f} tokens/s across the swarm)")  # fmt: skip
     return "\n".join(rows)
-
-
-class _Progress:
-    """Live progress bars per worker and agent (rich), redrawn a few times a second."""
-
-    def __init__(self, run: SwarmRun) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        self.run = run
-        self.console = Console()
-        self.last = 0.0
-        self.states: dict[str, Any] = {}
-        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
-        self.live.start()
-
-    def update(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < 0.5:
-            return
-        self.last = now
-        self.states = {w: s for w, s in self.run.sched.states().items() if isinstance(s, dict)}
-        self.live.update(self._render())
-
-    def _render(self) -> Any:
-        from rich.console import Group
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-
-        workers = Table(title=f"swarm {self.run.cfg.name}: workers", title_justify="left")
-        for col in ("worker", "device", "KV format", "agents", "tokens", "tok/s", "queue", "KV reserved / budget"):
-            workers.add_column(col, justify="right" if col in ("agents", "tokens", "tok/s", "queue") else "left")
-        for w, s in self.states.items():
-            used, budget = s["kv_bytes_reserved"], max(s["kv_budget_bytes"], 1)
-            kv = Table.grid(padding=(0, 1))
-            kv.add_row(ProgressBar(total=budget, completed=used, width=16),
-                       f"{used / 2**20:.1f}/{budget / 2**20:.1f} MiB")  # fmt: skip
-            workers.add_row(w, s["device"], s["kv_format"], str(s["active_sessions"]), str(s["tokens_generated"]),
-                            f"{s['tokens_per_s']:.0f}", str(s["queue_depth"]), kv)  # fmt: skip
-        agents = Table(title="agents", title_justify="left")
-        for col in ("agent", "worker", "turn", "context / reserved", "tokens", "progress"):
-            agents.add_column(col, justify="right" if col == "tokens" else "left")
-        for a in self.run.agents.values():
-            n = self.run._n_turns(a) * a.group.max_new_tokens
-            done = n if a.finished else a.turns_done * a.group.max_new_tokens + (len(a.turn.reply) if a.turn else 0)
-            turn = "done" if a.finished else f"{a.turns_done + 1}/{self.run._n_turns(a)}"
-            if not a.finished and a.turn is None:
-                turn += " (waiting)"
-            agents.add_row(a.name, str(a.worker or "-"), turn, f"{len(a.history)} / {a.context}",
-                           str(a.tokens_generated), ProgressBar(total=n, completed=done, width=20))  # fmt: skip
-        return Group(workers, agents)
-
-    def close(self) -> None:
-        self.update(force=True)
-        self.live.stop()
 
 
 # -- entry point -------------------------------------------------------------------------------
