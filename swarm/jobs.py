@@ -14,23 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.engine import find_stop, held_back
+
 TERMINAL = ("done", "cancelled", "failed")
-
-
-def find_stop(text: str, stop: tuple[str, ...]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-    return min(hits) if hits else None
-
-
-def held_back(text: str, stop: tuple[str, ...]) -> int:
-    """Characters at the end of `text` that could begin a stop string."""
-    n = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                n = max(n, k)
-                break
-    return n
 
 
 @dataclass

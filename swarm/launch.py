@@ -170,7 +170,8 @@ class SwarmRun:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._oneoffs = 0
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, Job] = {}  # every job, for GetJob and streams
+        self._open_jobs: dict[str, Job] = {}  # jobs not yet recorded as ended (the only ones flush looks at)
         self._placement_cache: tuple[float, int, dict[str, Any]] | None = None
         self.store = store  # durable agents and jobs (the API server); None: nothing is recorded
         self._snap_dirty: set[str] = set()  # agents whose snapshot must be rewritten
@@ -595,7 +596,7 @@ class SwarmRun:
     # -- the record ------------------------------------------------------------------------------
     def flush(self) -> None:
         """Records what changed (one transaction), then lets streams see it."""
-        changed = [j for j in self.jobs.values() if j.dirty or len(j.token_ids) > j._flushed]
+        changed = [j for j in self._open_jobs.values() if j.dirty or len(j.token_ids) > j._flushed]
         if self.store is not None:
             snaps = {n: self._snapshot(self.agents[n]) for n in self._snap_dirty if n in self.agents}
             chunks = {}
@@ -617,6 +618,8 @@ class SwarmRun:
         self._snap_dirty.clear()
         for j in changed:
             j.publish()
+            if j.done:  # recorded and seen as ended: it changes no more
+                del self._open_jobs[j.id]
 
     def _snapshot(self, a: Agent) -> dict[str, Any]:
         t = a.turn
@@ -637,7 +640,9 @@ class SwarmRun:
         from swarm.config import load_config
 
         for rec in jobs:
-            self.jobs[rec["id"]] = Job.restore(rec)
+            job = self.jobs[rec["id"]] = Job.restore(rec)
+            if not job.done:
+                self._open_jobs[job.id] = job
         for name, (snap, extra) in agents.items():
             a = self.agents.get(name)
             if a is None:  # a one-off agent
@@ -758,7 +763,7 @@ class SwarmRun:
             for a, job in zip(targets, jobs, strict=True):
                 job.dirty = False
                 a.jobs.append(job)
-                self.jobs[job.id] = job
+                self.jobs[job.id] = self._open_jobs[job.id] = job
             return jobs
 
     def _new_oneoff(self, messages: list[dict[str, str]], max_tokens: int) -> Agent:

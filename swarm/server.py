@@ -32,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from swarm import scheduler
-from swarm.config import KV_FORMATS, SwarmConfig, load_config
+from swarm.config import SwarmConfig, load_config
 from swarm.errors import (
     AlreadyExists,
     ConfigError,
@@ -46,7 +46,7 @@ from swarm.errors import (
 )
 from swarm.jobs import Job
 from swarm.launch import SwarmRun
-from swarm.planning import available_memory, plan_config, plan_inputs
+from swarm.planning import plan_config, plan_inputs
 from swarm.store import Store
 from swarm.v1 import swarm_pb2 as pb
 from swarm.v1 import swarm_pb2_grpc as pb_grpc
@@ -636,10 +636,3 @@ def serve(
     for name in ("", SERVICE):
         h.set(name, health_pb2.HealthCheckResponse.SERVING)
     return Server(server=server, hub=hub, port=bound, host=host, token=token, health=h)
-
-
-def default_kv_bytes() -> int:
-    return available_memory()
-
-
-__all__ = ["KV_FORMATS", "Limits", "Server", "serve"]

@@ -23,6 +23,8 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 
 grpc = pytest.importorskip("grpc")
 
+from engine_alone import greedy_alone  # noqa: E402 (tests/)
+
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import Limits, serve  # noqa: E402
@@ -68,20 +70,6 @@ def api(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
         client.close()
         srv.stop()
         scheduler.disconnect(conn)
-
-
-def _alone(kv: tuple[str, str], messages: list[dict[str, str]], max_tokens: int) -> list[int]:
-    """The engine run alone, greedy, on the prompt the swarm renders for a first turn."""
-    from worker.engine import Engine, Sampling
-
-    eng = Engine(kv_k=kv[0], kv_v=kv[1], threads=1)
-    tok = eng.tokenizer
-    prompt = tok.encode(tok.render_chat(messages, add_generation_prompt=True))
-    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=max_tokens, stop_tokens=tuple(sorted(tok.eot_ids))))
-    out: list[int] = []
-    while eng.info(seq)["generating"]:
-        out += [t for s, t in eng.step().items() if s == seq]
-    return out
 
 
 def _formats(c: SwarmClient) -> dict[str, tuple[str, str]]:
@@ -137,9 +125,8 @@ def test_group_jobs_stream_to_completion_with_the_engines_tokens(api: dict[str, 
         assert "".join(pieces) == job.text
         kv = formats[job.worker]
         if kv not in expected:
-            expected[kv] = _alone(
-                kv, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}], 12
-            )
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+            expected[kv] = greedy_alone(msgs, 12, kv)
         assert toks == expected[kv], agent
 
 
@@ -186,8 +173,8 @@ def test_one_off_agent_is_placed_and_released(api: dict[str, Any]) -> None:
     before = c.placement("api").generation
     job = c.generate("api", [("system", "You are terse."), ("user", "Say hello.")], new_agent=True, max_tokens=8)
     assert job.state == "done" and job.agent.startswith("job") and job.tokens > 0
-    toks = _alone(_formats(c)[job.worker], [{"role": "system", "content": "You are terse."},
-                                            {"role": "user", "content": "Say hello."}], 8)  # fmt: skip
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+    toks = greedy_alone(msgs, 8, _formats(c)[job.worker])
     assert job.tokens == len(toks)
     p = c.placement("api")
     assert p.generation > before

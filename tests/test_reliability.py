@@ -18,6 +18,8 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 
 grpc = pytest.importorskip("grpc")
 
+from engine_alone import greedy_alone  # noqa: E402 (tests/)
+
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import serve  # noqa: E402
@@ -25,7 +27,7 @@ from swarm.server import serve  # noqa: E402
 TOKEN = "rel-token"
 SYSTEM = "You are a helpful assistant. Answer briefly."
 LONG = [("user", "Count from 1 to 300, separated by commas.")]  # to an agent whose system prompt is SYSTEM
-ALONE = [("system", SYSTEM), *LONG]
+ALONE = [{"role": r, "content": c} for r, c in [("system", SYSTEM), *LONG]]
 CONFIG = """
 name: rel
 agents:
@@ -55,19 +57,6 @@ def conn():  # type: ignore[no-untyped-def]
     scheduler.disconnect(c)
 
 
-def _alone(messages: list[tuple[str, str]], max_tokens: int, kv: str = "q8_0") -> list[int]:
-    from worker.engine import Engine, Sampling
-
-    eng = Engine(kv_k=kv, kv_v=kv, threads=1)
-    tok = eng.tokenizer
-    prompt = tok.encode(tok.render_chat([{"role": r, "content": c} for r, c in messages], add_generation_prompt=True))
-    seq = eng.add_sequence(prompt, Sampling(max_new_tokens=max_tokens, stop_tokens=tuple(sorted(tok.eot_ids))))
-    out: list[int] = []
-    while eng.info(seq)["generating"]:
-        out += [t for s, t in eng.step().items() if s == seq]
-    return out
-
-
 def _follow(c: SwarmClient, job_id: str, offset: int = 0, until: int | None = None) -> tuple[list[int], Any]:
     """Tokens from `offset`, checking contiguity; stops early after `until` tokens."""
     toks: list[int] = []
@@ -95,7 +84,7 @@ def test_a_killed_worker_process_loses_no_token(conn: scheduler.Connection, tmp_
             os.kill(pid, signal.SIGKILL)  # the worker process dies mid-generation
             rest, final = _follow(c, job.id, offset=len(first))
             assert final is not None and final.state == "done", final
-            assert first + rest == _alone(ALONE, 120)  # the text of an uninterrupted greedy run
+            assert first + rest == greedy_alone(ALONE, 120)  # the text of an uninterrupted greedy run
             events = srv.hub.swarm("rel").events
             assert any(e["event"] == "worker_lost" and e["worker"] == worker for e in events)
             assert any(e["event"] == "moved" and e["agent"] == "helper-0" for e in events)
@@ -122,7 +111,7 @@ def test_a_restarted_server_resumes_accepted_jobs(conn: scheduler.Connection, tm
             assert [s.name for s in c.swarms()] == ["rel"]
             rest, final = _follow(c, running.id, offset=len(seen))  # the client reconnects where it was
             assert final is not None and final.state == "done"
-            assert seen + rest == _alone(ALONE, 120)
+            assert seen + rest == greedy_alone(ALONE, 120)
             _, q = _follow(c, queued.id)
             assert q is not None and q.state == "done" and q.tokens > 0
             again = c.submit("rel", agent="helper-0", messages=LONG, max_tokens=120, idempotency_key="once")
@@ -248,7 +237,7 @@ def test_a_killed_server_process_restarts_and_finishes_its_jobs(tmp_path: Path) 
         with SwarmClient(f"127.0.0.1:{port}", token=TOKEN) as c:
             rest, final = _follow(c, job.id, offset=len(seen))
             assert final is not None and final.state == "done"
-            assert seen + rest == _alone(ALONE, 120)
+            assert seen + rest == greedy_alone(ALONE, 120)
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -229,7 +229,7 @@ class Engine:
                         t_first = time.perf_counter()
                     out.append(tok)
                     text += decoder.push(tok)
-                    hit = _find_stop(text, stop)
+                    hit = find_stop(text, stop)
                     if hit is not None:
                         text = text[:hit]
                         if hit > emitted:
@@ -238,7 +238,7 @@ class Engine:
                         reason = "stop_string"
                         self.finish(seq)
                         break
-                    safe = len(text) - _held_back(text, stop)
+                    safe = len(text) - held_back(text, stop)
                     yield tok, text[emitted:safe]
                     emitted = safe
                 info = self.info(seq)
@@ -271,13 +271,13 @@ class Engine:
                 return done.value  # type: ignore[no-any-return]
 
 
-def _find_stop(text: str, stop: Sequence[str]) -> int | None:
+def find_stop(text: str, stop: Sequence[str]) -> int | None:
     """Index of the earliest stop string in text, or None."""
     hits = [i for s in stop if s and (i := text.find(s)) >= 0]
     return min(hits) if hits else None
 
 
-def _held_back(text: str, stop: Sequence[str]) -> int:
+def held_back(text: str, stop: Sequence[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string."""
     best = 0
     for s in stop:

@@ -82,7 +82,6 @@ class EngineWorker:
             max_batch_tokens=s.max_batch_tokens,
         )
         self.n_vocab = int(self.engine.config["n_vocab"])
-        self.n_ctx = int(self.engine.config["n_ctx_train"])
         self.profile = self._calibrate()
         self._cond = threading.Condition()
         self._pending: deque[tuple[str, int, list[int], Sampling, bool]] = deque()
@@ -290,7 +289,3 @@ class EngineWorker:
 
     def _report(self, final: bool) -> None:
         """Hook after each step, and once when the work stops (final): the Ray wrapper exports metrics here."""
-
-
-def sampling_dict(sp: Sampling) -> dict[str, Any]:
-    return dataclasses.asdict(sp)
