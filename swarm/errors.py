@@ -49,3 +49,7 @@ class InvalidArgument(SwarmError, ValueError):
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         super().__init__(f"{path}: {problem}")
+
+
+class StoreFull(ResourceExhausted):
+    """The disk under the server's --out is full: nothing more can be recorded, so no new job is accepted."""

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.engine import find_stop, held_back
+from worker.stops import StopScanner
 
 TERMINAL = ("done", "cancelled", "failed")
 
@@ -50,6 +50,7 @@ class Job:
         self._raw = ""  # decoded text of every token so far
         self._emitted = 0  # characters of _raw already given out as pieces
         self._decoder: Any = None
+        self._scanner: StopScanner | None = None  # fed _raw in order; made at the first token (queued jobs hold none)
         self._final = 0  # tokens whose pieces can no longer change (nothing held back after them)
         self._visible = 0  # tokens recorded durably (a stream hands out no more)
         self._visible_done = False  # the end is recorded durably
@@ -78,15 +79,19 @@ class Job:
                 if self.first_token is None:
                     self.first_token = time.time()
                 self.token_ids.append(int(tok))
-                self._raw += "" if tok in eot else self._decoder.push(int(tok))
-                hit = find_stop(self._raw, self.stop)
+                if self._scanner is None:
+                    self._scanner = StopScanner(self.stop)
+                    self._scanner.feed(self._raw)  # the text so far (a job resumed after a restart)
+                piece = "" if tok in eot else self._decoder.push(int(tok))
+                self._raw += piece
+                hit = self._scanner.feed(piece)
                 if hit is not None:
                     self._raw = self._raw[:hit]
                     self.pieces.append(self._raw[self._emitted :])
                     self._emitted = len(self._raw)
                     self.stopped = True
                     break
-                safe = len(self._raw) - held_back(self._raw, self.stop)
+                safe = len(self._raw) - self._scanner.held
                 self.pieces.append(self._raw[self._emitted : safe])
                 self._emitted = max(self._emitted, safe)
                 if self._emitted == len(self._raw):

@@ -36,6 +36,7 @@ from swarm.errors import (
     NoFeasiblePlan,
     NotFound,
     ResourceExhausted,
+    StoreFull,
     SwarmError,
 )
 from swarm.jobs import Job
@@ -44,8 +45,10 @@ from swarm.store import Store
 from worker.service import WorkerSpec
 
 POLL_S = 0.05
-CRASH_LOOP = 3  # deaths of one worker within CRASH_WINDOW_S before it is given up on
-CRASH_WINDOW_S = 60.0
+CRASH_WINDOW_S = 60.0  # deaths of one worker within this window back its restarts off
+RECORD_RETRY_S = 1.0  # while the store cannot record (disk full), how often a write is tried again
+RESTART_BACKOFF_MAX_S = 30.0  # the longest wait before a worker that keeps dying is started again
+START_ATTEMPTS = 3  # failed starts of every worker in a row before the swarm is failed (nothing can run)
 REJOIN_AFTER_S = 30.0
 REPLAN_GAIN = 1.15  # a re-plan after agents finish must promise this much more aggregate tokens/s
 JOIN_CHECK_S = 2.0
@@ -158,9 +161,16 @@ class SwarmRun:
         self.events: list[dict[str, Any]] = []
         self.started = time.time()
         self.on_tick: Callable[[SwarmRun], None] | None = None  # called once per poll (drills, tests)
+        self.on_state: Callable[[SwarmRun], None] | None = None  # called when `healthy` may have changed
+        self.record_error = ""  # why the store cannot record now (disk full); "" while it records
+        self._record_retry_at = 0.0
         self._released = False
-        self._lost: set[str] = set()  # workers given up on (a crash loop)
-        self._deaths: dict[str, list[float]] = {}
+        self._deaths: dict[str, list[float]] = {}  # worker -> monotonic times it died (within CRASH_WINDOW_S)
+        self._restart_at: dict[str, float] = {}  # worker -> when it may be started again (backed off)
+        self._start_failures: dict[str, int] = {}  # worker -> failed starts in a row
+        self._replace_reason: str | None = None  # a placement is owed (a worker died or a start failed)
+        self._replace_after = 0.0  # monotonic time of the next try
+        self._starting: list[str] = []  # workers the placement in progress starts
         self._rejoin_after: dict[str, float] = {}
         self.serve = serve  # agents wait for jobs after their tasks instead of finishing
         self.lock = threading.RLock()  # the loop and API calls
@@ -199,7 +209,7 @@ class SwarmRun:
     def _spec(self, wp: planner.WorkerPlan, agents: list[str]) -> WorkerSpec:
         w = self.worker_cfg[wp.worker]
         e = self.cfg.engine
-        cal = "catalog" if w.kind == "virtual" else w.calibration
+        cal = "catalog" if w.kind == "virtual" or w.calibration_file else w.calibration  # catalog: the plan's costs
         return WorkerSpec(
             name=wp.worker, kind=w.kind, device=w.device or "local", model=str(self.inputs.model_path),
             kv_k=wp.kv_k, kv_v=wp.kv_v, kv_budget_bytes=max(wp.kv_bytes, wp.block_bytes),
@@ -255,7 +265,8 @@ class SwarmRun:
         for a in self.agents.values():
             if not a.finished and a.worker is not None and a.worker != assignment[a.name]:
                 if a.worker in self.sched.workers:
-                    self.sched.end(a.worker, a.name)
+                    with contextlib.suppress(scheduler.WorkerLost):  # the next tick reports the loss
+                        self.sched.end(a.worker, a.name)
                 a.moved_from, a.move_reason = a.worker, reason
                 a.worker = None
         to_start = []
@@ -268,13 +279,19 @@ class SwarmRun:
             elif h.spec.kv_budget_bytes != budget:
                 try:  # same formats: the engine's budget moves in place, its sessions stay
                     self.sched.resize(w, budget, scheduler.compact_names(names))
-                except Exception as e:  # noqa: BLE001 - below the blocks in use: restart instead
-                    self._event("resize_failed", worker=w, error=str(e)[:200])
+                except Exception as e:  # noqa: BLE001 - below the blocks in use, or it died: restart instead
+                    if isinstance(e, scheduler.WorkerLost):
+                        self._event("worker_lost", worker=w, error=str(e)[:200])
+                        self._after_loss(w)
+                    else:
+                        self._event("resize_failed", worker=w, error=str(e)[:200])
                     self._lose_sessions(w, f"{w} restarts with a {budget:,}-byte KV budget")
                     self.sched.forget(w)
                     to_start.append((self._spec(wp, names), wp.weight_bytes + wp.scratch_bytes))
         if to_start:
+            self._starting = [spec.name for spec, _ in to_start]
             self.sched.start_workers(to_start)
+            self._starting = []
         for a in self.agents.values():
             if not a.finished and a.worker is None:
                 a.worker, a.synced = assignment[a.name], False
@@ -351,6 +368,22 @@ class SwarmRun:
         req = self._next_request(a)
         if req is None:
             return False
+        try:
+            self._begin_turn(a, req)
+        except Exception as e:  # noqa: BLE001 - an error serving one job fails that job, not the swarm
+            why = f"{type(e).__name__}: {str(e)[:300]}"
+            if a.turn is not None and a.turn.request is req:
+                self._fail_turn(a, why)
+            else:
+                self._event("turn_failed", agent=a.name, job=req.job.id if req.job else None, error=why)
+                if req.job is not None:
+                    req.job.finish("failed", "error", f"the turn could not start: {why}")
+                if req.task:
+                    a.tasks_done += 1
+                    a.turns_done += 1
+        return True
+
+    def _begin_turn(self, a: Agent, req: TurnRequest) -> None:
         tokens, fresh = self._encode_turn(a, req.messages)
         need = (0 if fresh else len(a.history)) + len(tokens) + req.max_new
         if need > a.context:
@@ -369,11 +402,12 @@ class SwarmRun:
             fmt = _format(h.spec.kv_k, h.spec.kv_v) if h else ""
             req.job.begin(self.tok.stream_decoder(skip_special=True), a.worker, fmt, len(tokens))
         self._submit(a, tokens, fresh)
-        return True
 
     def _submit(self, a: Agent, tokens: list[int], fresh: bool) -> None:
         t = a.turn
-        assert t is not None and a.worker is not None
+        assert t is not None
+        if a.worker is None or a.worker not in self.sched.workers:
+            return  # its worker is down: the next placement resumes the turn from the history
         left = t.request.max_new - len(t.reply)
         room = a.context - len(a.history)
         max_new = min(left, room)
@@ -384,9 +418,13 @@ class SwarmRun:
         t.worker, t.kv_format = a.worker, _format(h.spec.kv_k, h.spec.kv_v)
         if t.request.job is not None:
             t.request.job.relocate(t.worker, t.kv_format)
-        with contextlib.suppress(scheduler.WorkerLost):  # the next drain reports the loss and the agent moves
+        try:
             self.sched.submit(a.worker, a.name, t.index, tokens, self._sampling(a, t.request, max_new), fresh)
             a.synced = True
+        except scheduler.WorkerLost:  # the next tick reports the loss and the agent moves
+            pass
+        except scheduler.CallRefused as e:  # the worker refused this turn (it stays up): the turn fails alone
+            self._fail_turn(a, str(e))
 
     def _resume(self, a: Agent) -> None:
         """Re-prefills a moved agent's whole history on its new worker and continues its turn."""
@@ -409,11 +447,62 @@ class SwarmRun:
             a.context = old
             self._event("context_capped", agent=a.name, need=need, reserved=old, why=str(e).splitlines()[0])
             return False
+        except scheduler.SchedulerError as e:  # a worker died or would not start: placed again next tick
+            self._owe_placement(f"{a.name} needs {need} tokens of context ({str(e)[:200]})")
+            return a.context == new
 
     def _placeable(self) -> list[str]:
-        """Workers a re-plan may use: the live ones and the configured ones not lost or missing."""
-        names = [d for d in self.devices if d not in self._lost and d not in self.missing]
-        return names or self.sched.live_workers()
+        """Workers a re-plan may use: the live ones and the configured ones not missing whose restart is due."""
+        now = time.monotonic()
+        live = set(self.sched.live_workers())
+        return [d for d in self.devices if d in live or (d not in self.missing and self._restart_at.get(d, 0) <= now)]
+
+    def _owe_placement(self, reason: str, after_s: float = 0.0) -> None:
+        """Agents wait unplaced (their jobs queue) until the next tick that places them."""
+        self._replace_reason = self._replace_reason or reason
+        self._replace_after = time.monotonic() + after_s
+
+    def _try_place(self) -> None:
+        """Pays an owed placement: over the workers up or due for a restart. When they cannot hold every agent,
+        the agents without a worker wait for the next restart; when a start fails it is retried, backed off."""
+        reason = self._replace_reason or "re-place"
+        workers = self._placeable()
+        now = time.monotonic()
+        later = [t for w, t in self._restart_at.items() if t > now and w not in workers]
+        if not workers:
+            self._replace_after = min(later, default=now + 1.0)
+            return
+        try:
+            self.place(workers, reason)
+        except NoFeasiblePlan as e:  # the workers up cannot hold them all: the rest wait for a restart
+            self._event("place_deferred", workers=workers, why=str(e).splitlines()[0][:200])
+            self._replace_after = min(later, default=now + 1.0)
+            return
+        except scheduler.SchedulerError as e:  # a start failed or a worker died while placing: try again
+            failed = [w for w in self._starting if w not in self.sched.live_workers()]
+            self._starting = []
+            self._event("place_failed", workers=failed, error=str(e)[:300])
+            for w in failed:
+                n = self._start_failures[w] = self._start_failures.get(w, 0) + 1
+                self._restart_at[w] = now + min(2.0**n, RESTART_BACKOFF_MAX_S)
+            self._check_startable(str(e))
+            self._replace_after = now + 1.0
+            return
+        for w in self.sched.live_workers():
+            self._start_failures.pop(w, None)
+            self._restart_at.pop(w, None)
+        self._replace_reason = None
+        if later:  # a backed-off worker comes back: place again then
+            self._owe_placement(f"{reason}: restart", max(min(later) - now, 0.0))
+
+    def _check_startable(self, error: str) -> None:
+        """Fails the swarm when no worker runs and every one has failed START_ATTEMPTS starts in a row."""
+        if self.sched.live_workers():
+            return
+        if self.missing and any(self.worker_cfg[w].kind == "cluster" for w in self.missing):
+            return  # a cluster node may still join
+        if all(self._start_failures.get(w, 0) >= START_ATTEMPTS for w in self.devices):
+            raise SwarmError(f"no worker can be started ({START_ATTEMPTS} tries each); the last error: {error}")
 
     def _end_turn(self, a: Agent, reason: str) -> None:
         t = a.turn
@@ -447,6 +536,30 @@ class SwarmRun:
         if reason == "context" or (over and (a.oneoff or not self.serve)):
             self._finish_agent(a, "context" if reason == "context" else "done")
 
+    def _fail_turn(self, a: Agent, why: str) -> None:
+        """A turn the engine could not serve: its job fails with the engine's message, the turn is taken back
+        out of the conversation (the worker already freed the session's KV), and the agent goes on."""
+        t = a.turn
+        assert t is not None
+        job = t.request.job
+        self._event("turn_failed", agent=a.name, turn=t.index, worker=t.worker, job=job.id if job else None,
+                    error=why[:300])  # fmt: skip
+        n_msgs = len(t.request.messages)
+        if n_msgs and a.messages[-n_msgs:] == t.request.messages:
+            del a.messages[-n_msgs:]
+        keep = len(a.history) - len(t.prompt_ids) - len(t.reply)
+        a.history = a.history[:keep] if not t.fresh and keep >= 0 else []  # [] : the next turn renders it all
+        a.synced = False
+        a.turn = None
+        self._snap_dirty.add(a.name)
+        if job is not None:
+            job.finish("failed", "error", f"the engine refused this job: {why}")
+        if t.request.task:  # a configured task is not retried
+            a.tasks_done += 1
+            a.turns_done += 1
+        if a.oneoff and not a.jobs:
+            self._finish_agent(a, "failed")
+
     def _finish_agent(self, a: Agent, note: str) -> None:
         self._snap_dirty.add(a.name)
         a.finished = True
@@ -455,7 +568,8 @@ class SwarmRun:
             job.finish("failed", "agent_finished", f"agent {a.name} finished ({note}) before this job ran")
         a.jobs.clear()
         if a.worker is not None and a.worker in self.sched.workers:
-            self.sched.end(a.worker, a.name)
+            with contextlib.suppress(scheduler.WorkerLost):  # the next tick reports the loss
+                self.sched.end(a.worker, a.name)
         self._released = True
 
     # -- the loop ---------------------------------------------------------------------------
@@ -472,6 +586,7 @@ class SwarmRun:
             self.place([w for w in workers if w not in self.missing], "launch")
             self._adopt_measured_profiles()
             self.state = "running"
+        self._state_changed()
         self._last_join = time.monotonic()
 
     def _adopt_measured_profiles(self) -> None:
@@ -482,9 +597,10 @@ class SwarmRun:
             d = self.devices.get(w)
             if d is None or not prof or prof.get("source") != "measured" or d.calibration.source == "measured":
                 continue
-            cal = planner.Calibration(source="measured", weight_step_s=tuple(prof["weight_step_s"]),
-                                      attn_ns=dict(prof["attn_ns"]), quality=self.inputs.quality,
-                                      machine=prof.get("machine", ""))  # fmt: skip
+            cal = planner.Calibration.from_dict(prof)
+            cal = dataclasses.replace(cal, quality=cal.quality or self.inputs.quality)
+            if not cal.reliable:
+                continue  # planned from the catalog's bandwidth, as it was before the worker measured
             self.devices[w] = dataclasses.replace(d, calibration=cal)
             changed.append(w)
         if changed:
@@ -535,6 +651,23 @@ class SwarmRun:
             with self.lock:
                 self.state, self.error = "failed", f"{type(e).__name__}: {e}"
                 self._fail_jobs(self.error)
+                self._event("failed", error=self.error[:300])
+                self.sched.shutdown()  # every worker and placement group goes, so a relaunch finds the names free
+                with contextlib.suppress(Exception):  # the record may be what failed; the state is in memory
+                    self.flush()
+                    if self.store is not None:
+                        self.store.set_swarm_state(self.cfg.name, "failed", self.error)
+            self._state_changed()
+
+    @property
+    def healthy(self) -> bool:
+        """Running and recording: what the per-swarm health check reports as SERVING."""
+        return self.state == "running" and not self.record_error
+
+    def _state_changed(self) -> None:
+        if self.on_state is not None:
+            with contextlib.suppress(Exception):  # a report must not take the swarm down
+                self.on_state(self)
 
     def stop(self, reason: str = "the swarm was stopped") -> dict[str, Any]:
         self._stop.set()
@@ -545,7 +678,12 @@ class SwarmRun:
             if self.state != "failed":
                 self.state = "stopped"
             self.flush()
-            return self.finish()
+            self._state_changed()
+            try:
+                return self.finish()
+            except OSError as e:  # transcripts could not be written (disk full): the record has the jobs
+                self._event("transcripts_not_written", error=str(e)[:300])
+                return {}
 
     def _fail_jobs(self, why: str, cancelled: bool = False) -> None:
         for a in self.agents.values():
@@ -566,28 +704,34 @@ class SwarmRun:
             for job in [j for j in a.jobs if j.deadline is not None and now > j.deadline]:
                 a.jobs.remove(job)
                 job.finish("cancelled", "deadline")
-        for a in self.agents.values():
-            if not a.finished and a.turn is None and a.worker is not None:
+        for a in self.agents.values():  # while nothing can be recorded no new turn starts (running ones pause)
+            if not a.finished and a.turn is None and a.worker is not None and a.worker in self.sched.workers and \
+                    not self.record_error:  # fmt: skip
                 self._start_turn(a)
         drained = self.sched.drain_all()
         lost = [w for w, ev in drained.items() if isinstance(ev, scheduler.WorkerLost)]
+        lost += [w for w, h in self.sched.workers.items() if not h.alive and w not in lost]  # died in another call
         for ev in drained.values():
             if not isinstance(ev, scheduler.WorkerLost):
                 self._apply(ev)
         if lost:
             for w in lost:
-                self._event("worker_lost", worker=w, error=str(drained[w]))
+                err = drained.get(w)
+                self._event("worker_lost", worker=w, error=str(err) if err else "the worker died")
                 self._lose_sessions(w, f"worker {w} was lost")
                 self.sched.forget(w)
             for w in lost:
                 self._after_loss(w)
-            live = self._placeable()
-            if not live:
-                raise SwarmError(f"every worker is lost ({', '.join(sorted(lost))}); nothing can run")
-            self.place(live, f"lost {', '.join(lost)}")
+            self._owe_placement(f"lost {', '.join(lost)}")
+        if self._replace_reason is not None:
+            if time.monotonic() >= self._replace_after:
+                self._try_place()
         elif self._released:
             self._released = False
-            self._release()
+            try:
+                self._release()
+            except scheduler.SchedulerError as e:  # a worker died or Ray could not hold the KV: place again
+                self._owe_placement(f"agents finished ({str(e)[:200]})")
         if self.missing and time.monotonic() - self._last_join > JOIN_CHECK_S:
             self._last_join = time.monotonic()
             self._check_joins()
@@ -595,18 +739,24 @@ class SwarmRun:
 
     # -- the record ------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Records what changed (one transaction), then lets streams see it."""
+        """Records what changed (one transaction), then lets streams see it.
+
+        When the store cannot record (disk full) nothing is marked written and streams see nothing new: the
+        next flush after RECORD_RETRY_S tries the whole change again, so recording resumes on its own."""
+        if self.record_error and time.monotonic() < self._record_retry_at:
+            return
         changed = [j for j in self._open_jobs.values() if j.dirty or len(j.token_ids) > j._flushed]
         if self.store is not None:
             snaps = {n: self._snapshot(self.agents[n]) for n in self._snap_dirty if n in self.agents}
-            chunks = {}
+            chunks, hist = {}, {}
             for a in self.agents.values():
                 if a.name in snaps:
-                    self._hist_flushed[a.name] = len(a.history)
+                    hist[a.name] = len(a.history)
                 elif len(a.history) > self._hist_flushed.get(a.name, 0):
                     chunks[a.name] = a.history[self._hist_flushed.get(a.name, 0) :]
-                    self._hist_flushed[a.name] = len(a.history)
+                    hist[a.name] = len(a.history)
             stmts = self.store.agent_statements(self.cfg.name, snaps, chunks)
+            marks = {j.id: (j._flushed, j.dirty) for j in changed}  # restored if the write fails
             job_chunks, job_updates = {}, {}
             for j in changed:
                 chunk, update = j.pending_writes()
@@ -614,12 +764,30 @@ class SwarmRun:
                     job_chunks[j.id] = chunk
                 if update:
                     job_updates[j.id] = update
-            self.store.commit(stmts + self.store.job_statements(job_updates, job_chunks))
+            try:
+                self.store.commit(stmts + self.store.job_statements(job_updates, job_chunks))
+            except StoreFull as e:
+                for j in changed:
+                    j._flushed, j.dirty = marks[j.id]
+                self._record_failed(e)
+                return
+            self._hist_flushed.update(hist)
+            if self.record_error:
+                self._event("recording_resumed")
+                self.record_error = ""
+                self._state_changed()
         self._snap_dirty.clear()
         for j in changed:
             j.publish()
             if j.done:  # recorded and seen as ended: it changes no more
                 del self._open_jobs[j.id]
+
+    def _record_failed(self, e: StoreFull) -> None:
+        self._record_retry_at = time.monotonic() + RECORD_RETRY_S
+        if not self.record_error:
+            self._event("recording_paused", error=str(e)[:300])
+            self.record_error = str(e)
+            self._state_changed()
 
     def _snapshot(self, a: Agent) -> dict[str, Any]:
         t = a.turn
@@ -689,6 +857,9 @@ class SwarmRun:
             if job is not None and ev["tokens"] and job.push(ev["tokens"], self.tok.eot_ids) and not ev["done"]:
                 self._cancel_turn(a, "stop_string")  # the text ended at a stop string
                 continue
+            if ev["done"] and ev["reason"] == "error":
+                self._fail_turn(a, ev.get("error") or "the engine raised")
+                continue
             if ev["done"]:
                 reason = ev["reason"]
                 if reason == "max_tokens" and len(a.turn.reply) < a.turn.request.max_new:
@@ -726,6 +897,8 @@ class SwarmRun:
                 raise FailedPrecondition(
                     f"swarm {self.cfg.name!r} is {self.state}{': ' + self.error if self.error else ''}"
                 )
+            if self.record_error:
+                raise StoreFull(self.record_error)
             if new_agent:
                 targets = [self._new_oneoff(messages, max_tokens or 128)]
             elif agent is not None:
@@ -758,7 +931,14 @@ class SwarmRun:
                                 max_tokens=max_tokens or a.group.max_new_tokens, sampling=sampling, stop=tuple(stop),
                                 idempotency_key=idempotency_key, deadline=deadline))  # fmt: skip
             if self.store is not None:  # accepted means recorded
-                self.store.add_jobs([j.record() for j in jobs])
+                try:
+                    self.store.add_jobs([j.record() for j in jobs])
+                except StoreFull as e:
+                    for a in targets:
+                        if a.oneoff:
+                            self._finish_agent(a, "cancelled")
+                    self._record_failed(e)
+                    raise
                 self.flush()  # a one-off agent's snapshot, too
             for a, job in zip(targets, jobs, strict=True):
                 job.dirty = False
@@ -779,11 +959,19 @@ class SwarmRun:
         a = Agent(name=f"job{k}-0", group=g, index=0, context=ctx, oneoff=True)
         self.agents[a.name] = a
         self._snap_dirty.add(a.name)
+        reason = f"one-off agent {a.name}"
         try:
-            self.place(self._placeable(), f"one-off agent {a.name}")
+            if self._replace_reason is not None:  # workers are down: it waits with the others if it fits them all
+                self._plan([d for d in self.devices if d not in self.missing])
+                self._owe_placement(reason)
+            else:
+                self.place(self._placeable(), reason)
         except NoFeasiblePlan as e:
             del self.agents[a.name]
+            self._snap_dirty.discard(a.name)
             raise ResourceExhausted(f"no worker has room for a one-off agent of {ctx:,} tokens: {e}") from e
+        except scheduler.SchedulerError as e:  # a worker died or would not start: placed with the others later
+            self._owe_placement(f"{reason} ({str(e)[:200]})")
         self._oneoffs += 1
         return a
 
@@ -811,9 +999,17 @@ class SwarmRun:
         cached = self._placement_cache
         if cached is not None and time.monotonic() - cached[0] < max_age_s and cached[1] == self.generation:
             return cached[2]
+        # NOTE: the workers are asked outside self.lock. A busy worker answers state() only after its engine
+        # step (seconds while it prefills many agents), and the swarm loop must not wait for that: with the
+        # lock held here, one client polling GetPlacement stopped a 600-agent swarm's loop for 14 s at a time.
+        generation = self.generation
+        states = self.sched.states() if self.state == "running" else {}
         with self.lock:
-            states = self.sched.states() if self.state == "running" else {}
             planned = {wp.worker: wp for wp in (self.plan.workers if self.plan else ())}
+            on: dict[str, list[str]] = {}  # {worker: its unfinished agents}, one pass over the agents
+            for a in self.agents.values():
+                if a.worker is not None and not a.finished:
+                    on.setdefault(a.worker, []).append(a.name)
             out = []
             for name, h in list(self.sched.workers.items()):
                 st = states.get(name)
@@ -822,8 +1018,7 @@ class SwarmRun:
                 out.append({
                     "worker": name, "device": h.spec.device, "kind": h.spec.kind, "kv_k": h.spec.kv_k,
                     "kv_v": h.spec.kv_v, "node_id": h.node_id, "alive": h.alive and bool(st),
-                    "agents": sorted((a.name for a in self.agents.values() if a.worker == name and not a.finished),
-                                     key=_agent_key),
+                    "agents": sorted(on.get(name, ()), key=_agent_key),
                     "kv_bytes_budget": h.spec.kv_budget_bytes, "kv_bytes_reserved": int(st.get("kv_bytes_reserved", 0)),
                     "kv_bytes_used": int(st.get("kv_bytes_used", 0)),
                     "predicted_tokens_per_s": wp.tokens_per_s if wp else 0.0,
@@ -831,7 +1026,8 @@ class SwarmRun:
                     "queue_depth": int(st.get("queue_depth", 0)),
                 })  # fmt: skip
             result = {"swarm": self.cfg.name, "generation": self.generation, "workers": out}
-            self._placement_cache = (time.monotonic(), self.generation, result)
+            if self.generation == generation:  # the states belong to this placement
+                self._placement_cache = (time.monotonic(), self.generation, result)
             return result
 
     def info(self) -> dict[str, Any]:
@@ -865,17 +1061,19 @@ class SwarmRun:
                 self.sched.reserve(wp.worker, self._reservations(wp, assignment))  # type: ignore[arg-type]
 
     def _after_loss(self, w: str) -> None:
-        """A lost local or virtual worker is started afresh by the re-plan, unless it keeps dying; a lost
-        cluster worker waits for a node that offers its device again."""
+        """A lost local or virtual worker is started afresh by the next placement: at once the first time, then
+        backed off while it keeps dying (its agents wait or move); a lost cluster worker waits for a node that
+        offers its device again."""
         now = time.monotonic()
         deaths = [t for t in self._deaths.get(w, []) if now - t < CRASH_WINDOW_S] + [now]
         self._deaths[w] = deaths
         if self.worker_cfg[w].kind == "cluster":
             self.missing.add(w)
             self._rejoin_after[w] = now + REJOIN_AFTER_S  # Ray may still list the dead node's resources
-        elif len(deaths) >= CRASH_LOOP:
-            self._lost.add(w)
-            self._event("worker_crash_loop", worker=w, deaths=len(deaths), window_s=CRASH_WINDOW_S)
+        elif len(deaths) > 1:
+            wait = min(2.0 ** (len(deaths) - 2), RESTART_BACKOFF_MAX_S)
+            self._restart_at[w] = now + wait
+            self._event("worker_restart_backoff", worker=w, deaths=len(deaths), wait_s=wait)
 
     def _check_joins(self) -> None:
         res = scheduler.cluster_resources()

@@ -157,60 +157,142 @@ class Quality:
 
 
 @dataclass(frozen=True)
+class QualityFloor:
+    """The least quality a format must show to be used when a better one fits (None: no bound)."""
+
+    max_kl: float | None = None  # mean KL(f32 || format) at most this, nats
+    min_top1: float | None = None  # top-1 agreement with f32 at least this
+
+    def admits(self, q: Quality) -> bool:
+        return (self.max_kl is None or q.mean_kl <= self.max_kl) and (self.min_top1 is None or q.top1 >= self.min_top1)
+
+    def __str__(self) -> str:
+        parts = ([f"KL <= {self.max_kl:g}"] if self.max_kl is not None else []) + (
+            [f"top-1 >= {self.min_top1:g}"] if self.min_top1 is not None else []
+        )
+        return ", ".join(parts) or "none"
+
+
+# The default floor (docs/PLANNER.md, "Quality"): a mean KL of 0.01 nats is about 4x what the
+# engine's own 8-bit activations cost with an f32 cache (2.5e-3) and 13x what q8_0 KV costs (7.4e-4);
+# top-1 0.90 lets at most one greedy choice in ten change, mostly at near-ties. On the default model
+# it admits f16, q8_0, q8_head and q8_0/q4_0 and refuses q4_0/q4_0 (KL 0.12, top-1 0.78).
+DEFAULT_QUALITY_FLOOR = QualityFloor(max_kl=0.01, min_top1=0.90)
+# Without a measurement on the model (a model given only by its geometry, a catalog device with no
+# local calibration), formats with any 4-bit half are assumed below the default floor: measured 4-bit
+# keys cost 0.12 nats on the default model, and no model here has shown 4-bit KV under 0.01.
+_UNMEASURED_BELOW_FLOOR = frozenset({"q4_0"})
+
+Interval = tuple[float, float]  # (low, high)
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Measured (or catalog-predicted) costs of one worker.
+    """Measured (or catalog-predicted) costs of one worker, each with its interval.
 
     weight_step_s[b - 1]: seconds of one decode step for a batch of b sequences at
     (almost) no context: the shared weight stream plus per-row work.
     attn_ns[pair]: nanoseconds per cached position per layer per sequence.
+    Measured values are medians of repeats; the intervals are the repeats' interquartile range
+    (worker/calibrate.py). A catalog prediction has no interval (a point).
     """
 
-    source: str  # "measured" or "predicted from catalog"
+    source: str  # "measured" or "predicted from catalog..."
     weight_step_s: tuple[float, ...]
     attn_ns: dict[str, float]
     quality: dict[str, Quality] = field(default_factory=dict)
     machine: str = ""
+    weight_step_interval: tuple[Interval, ...] = ()  # empty: points
+    attn_ns_interval: dict[str, Interval] = field(default_factory=dict)
+    reliable: bool = True
+    problems: tuple[str, ...] = ()  # why it is not reliable
+    read_bytes_per_s: float = 0.0  # the host's measured read bandwidth, 0 if unknown
 
     def weight_time(self, batch: int) -> float:
-        t = self.weight_step_s
-        if batch <= len(t):
-            return t[batch - 1]
-        slope = max(0.0, (t[-1] - t[0]) / (len(t) - 1)) if len(t) > 1 else 0.0
-        return t[-1] + slope * (batch - len(t))
+        return _extend(self.weight_step_s, batch)
+
+    def weight_time_interval(self, batch: int) -> Interval:
+        if not self.weight_step_interval:
+            t = self.weight_time(batch)
+            return (t, t)
+        lows = tuple(lo for lo, _ in self.weight_step_interval)
+        highs = tuple(hi for _, hi in self.weight_step_interval)
+        return (_extend(lows, batch), _extend(highs, batch))
 
     def attn_seconds(self, pair: FormatPair) -> float | None:
         ns = self.attn_ns.get(pair_name(pair))
         return None if ns is None else ns * 1e-9
 
+    def attn_interval_seconds(self, pair: FormatPair) -> Interval | None:
+        name = pair_name(pair)
+        if name not in self.attn_ns:
+            return None
+        lo, hi = self.attn_ns_interval.get(name, (self.attn_ns[name], self.attn_ns[name]))
+        return (lo * 1e-9, hi * 1e-9)
+
     @staticmethod
-    def from_bandwidth(geom: ModelGeometry, bytes_per_s: float, pairs: Iterable[FormatPair]) -> Calibration:
+    def from_bandwidth(
+        geom: ModelGeometry, bytes_per_s: float, pairs: Iterable[FormatPair], source: str = "predicted from catalog"
+    ) -> Calibration:
         """Bytes-only prediction for a device known from the catalog (never measured)."""
         attn = {}
         for p in pairs:
             if geom.supports(p):
                 attn[pair_name(p)] = geom.kv_bytes_per_token(p) / geom.n_layer / bytes_per_s * 1e9
-        return Calibration(
-            source="predicted from catalog", weight_step_s=(geom.weight_stream_bytes / bytes_per_s,), attn_ns=attn
-        )
+        return Calibration(source=source, weight_step_s=(geom.weight_stream_bytes / bytes_per_s,), attn_ns=attn)
 
     def to_dict(self) -> dict[str, Any]:
+        """The form worker/calibrate.py writes (and `swarm calibrate --json` prints)."""
+        attention = {}
+        for name, ns in self.attn_ns.items():
+            lo, hi = self.attn_ns_interval.get(name, (ns, ns))
+            attention[name] = {"ns_per_position_layer": ns, "ns_per_position_layer_interval": [lo, hi]}
         return {
             "source": self.source,
             "machine": self.machine,
             "weight_step_s": list(self.weight_step_s),
+            "weight_step_s_interval": [list(i) for i in self.weight_step_interval]
+            or [[t, t] for t in self.weight_step_s],
             "attn_ns": dict(self.attn_ns),
+            "attention": attention,
             "quality": {k: asdict(q) for k, q in self.quality.items()},
+            "reliable": self.reliable,
+            "problems": list(self.problems),
+            "read_bytes_per_s": self.read_bytes_per_s,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Calibration:
+        """Reads to_dict()'s form, or worker/calibrate.py's (which adds r2, samples, per-entry flags)."""
+        attention = d.get("attention") or {}
+        attn = {str(k): float(v) for k, v in d["attn_ns"].items()}
+        for k, e in attention.items():
+            attn.setdefault(str(k), float(e["ns_per_position_layer"]))
+        intervals = {
+            str(k): (float(e["ns_per_position_layer_interval"][0]), float(e["ns_per_position_layer_interval"][1]))
+            for k, e in attention.items()
+            if "ns_per_position_layer_interval" in e
+        }
         return Calibration(
             source=str(d["source"]),
             machine=str(d.get("machine", "")),
             weight_step_s=tuple(float(x) for x in d["weight_step_s"]),
-            attn_ns={str(k): float(v) for k, v in d["attn_ns"].items()},
+            attn_ns=attn,
             quality={str(k): Quality(**q) for k, q in d.get("quality", {}).items()},
+            weight_step_interval=tuple((float(lo), float(hi)) for lo, hi in d.get("weight_step_s_interval", ())),
+            attn_ns_interval=intervals,
+            reliable=bool(d.get("reliable", True)),
+            problems=tuple(str(x) for x in d.get("problems", ())),
+            read_bytes_per_s=float(d.get("read_bytes_per_s", 0.0)),
         )
+
+
+def _extend(t: tuple[float, ...], batch: int) -> float:
+    """t[batch - 1], extrapolated linearly from the measured range beyond it."""
+    if batch <= len(t):
+        return t[batch - 1]
+    slope = max(0.0, (t[-1] - t[0]) / (len(t) - 1)) if len(t) > 1 else 0.0
+    return t[-1] + slope * (batch - len(t))
 
 
 @dataclass(frozen=True)
@@ -242,12 +324,18 @@ class AgentGroup:
 class Policy:
     formats: tuple[FormatPair, ...] = all_pairs()
     objective: str = "throughput"  # aggregate decode tokens/s
+    # Formats below it are used only when no format that meets it fits (None: only throughput counts).
+    quality_floor: QualityFloor | None = DEFAULT_QUALITY_FLOOR
 
     @staticmethod
-    def allow(k_formats: Iterable[str] = KV_FORMATS, v_formats: Iterable[str] | None = None) -> Policy:
+    def allow(
+        k_formats: Iterable[str] = KV_FORMATS,
+        v_formats: Iterable[str] | None = None,
+        quality_floor: QualityFloor | None = DEFAULT_QUALITY_FLOOR,
+    ) -> Policy:
         ks = tuple(k_formats)
         vs = ks if v_formats is None else tuple(v_formats)
-        return Policy(formats=tuple(itertools.product(ks, vs)))
+        return Policy(formats=tuple(itertools.product(ks, vs)), quality_floor=quality_floor)
 
 
 # -- the plan --------------------------------------------------------------------
@@ -262,6 +350,8 @@ class FormatOption:
     memory_bytes: int
     tokens_per_s: float | None  # None when it does not fit or fails a quality floor
     verdict: str  # "chosen", "fits", "over memory by N bytes", "below the quality floor of group g"
+    tokens_per_s_interval: Interval | None = None  # from the calibration's intervals
+    meets_floor: bool = True  # meets the policy's default quality floor
 
 
 @dataclass(frozen=True)
@@ -296,6 +386,8 @@ class WorkerPlan:
     tokens_per_s: float  # aggregate on this worker
     agent_tokens_per_s: float
     options: tuple[FormatOption, ...]
+    tokens_per_s_interval: Interval = (0.0, 0.0)  # low, high: the calibration's intervals carried through
+    decision: str = ""  # why this format: forced by memory, a tie resolved by quality, or faster beyond noise
 
     @property
     def memory_bytes(self) -> int:
@@ -314,6 +406,7 @@ class Plan:
     tokens_per_s: float
     agents: int
     search: str  # "exact", "greedy", "greedy+local"
+    tokens_per_s_interval: Interval = (0.0, 0.0)  # sum of the workers' lows and highs
 
     def worker(self, name: str) -> WorkerPlan:
         for w in self.workers:
@@ -335,31 +428,45 @@ class Plan:
         return render_table(self)
 
     def explain(self) -> str:
+        span = _tps_range(self.tokens_per_s_interval)
         return "\n\n".join(_explain_worker(w) for w in self.workers if w.agents) + (
             f"\n\nTotal: {self.agents} agents, predicted {self.tokens_per_s:,.1f} decode tokens/s "
-            f"at their reserved contexts (search: {self.search})."
+            f"{f'(interval {span}) ' if span else ''}at their reserved contexts (search: {self.search})."
         )
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.2f} GB"
+    """Bytes for people: GB with two decimals, MB with one below a gigabyte."""
+    return f"{n / 1e9:,.2f} GB" if abs(n) >= 1e9 else f"{n / 1e6:,.1f} MB"
+
+
+def _tps_range(t: Interval) -> str:
+    return f"{t[0]:,.1f}-{t[1]:,.1f}" if t[1] > t[0] else ""
 
 
 def render_table(p: Plan) -> str:
-    head = f"{'worker':<14} {'device':<14} {'K/V':<13} {'agents':>6} {'KV / budget':>21} {'crossover':>10} {'tok/s':>9}"
+    head = (
+        f"{'worker':<14} {'device':<14} {'K/V':<13} {'agents':>6} {'KV / budget':>21} {'crossover':>10} "
+        f"{'tok/s':>9} {'interval':>15}"
+    )
     rows = [f"Plan for {p.model}: {p.agents} agents on {len(p.workers)} workers", head, "-" * len(head)]
     for w in p.workers:
         free = w.usable_bytes - w.weight_bytes - w.scratch_bytes
         tps = f"{w.tokens_per_s:,.1f}" + ("" if w.source == "measured" else "*")
         rows.append(
             f"{w.worker:<14} {w.device:<14} {w.format if w.agents else '-':<13} {w.agents:>6} "
-            f"{_gb(w.kv_bytes):>9} / {_gb(free):>9} {w.crossover_per_agent:>10,.0f} {tps:>9}"
+            f"{_gb(w.kv_bytes):>9} / {_gb(free):>9} {w.crossover_per_agent:>10,.0f} {tps:>9} "
+            f"{_tps_range(w.tokens_per_s_interval):>15}"
         )
         for g in w.groups:
             rows.append(f"{'':<14}   {g.group}: {g.agents} x {g.context:,} tokens")
-    rows.append(f"{'total':<14} {'':<14} {'':<13} {p.agents:>6} {'':>21} {'':>10} {p.tokens_per_s:>9,.1f}")
+    rows.append(
+        f"{'total':<14} {'':<14} {'':<13} {p.agents:>6} {'':>21} {'':>10} {p.tokens_per_s:>9,.1f} "
+        f"{_tps_range(p.tokens_per_s_interval):>15}"
+    )
     if any(w.source != "measured" for w in p.workers):
         rows.append("* predicted from catalog (bandwidth only), not measured on the device")
+    rows.append("interval: predicted tokens/s from the low and high ends of the calibration's intervals")
     rows.append("crossover: context per agent at which private KV bytes read per step equal the weight bytes")
     return "\n".join(rows)
 
@@ -378,11 +485,14 @@ def _explain_worker(w: WorkerPlan) -> str:
         f"  Crossover: {w.crossover_context:,.0f} total positions ({w.crossover_per_agent:,.0f} per agent); "
         f"reserved {w.reserved_context:,} = {ratio:.2f}x, {regime}."
     )
+    if w.decision:
+        lines.append(f"  Why {w.format}: {w.decision}")
     for o in sorted(w.options, key=lambda o: (o.verdict != "chosen", -(o.tokens_per_s or 0.0), o.kv_bytes)):
         if o.verdict == "not calibrated on this worker":
             continue
         tps = f"{o.tokens_per_s:,.1f} tok/s" if o.tokens_per_s is not None else "-"
-        lines.append(f"    {o.format:<15} KV {_gb(o.kv_bytes):>10}  {tps:>14}  {o.verdict}")
+        span = _tps_range(o.tokens_per_s_interval) if o.tokens_per_s_interval else ""
+        lines.append(f"    {o.format:<15} KV {_gb(o.kv_bytes):>10}  {tps:>14} {span:>15}  {o.verdict}")
     return "\n".join(lines)
 
 
@@ -448,6 +558,22 @@ class _Model:
                 for p in self.pairs
             ]
         )
+        # the ends of each attention cost's interval (seconds per position per layer)
+        spans = [[d.calibration.attn_interval_seconds(p) for p in self.pairs] for d in devices]
+        self.attn_lo = np.array([[math.nan if i is None else i[0] for i in row] for row in spans], dtype=np.float64)
+        self.attn_hi = np.array([[math.nan if i is None else i[1] for i in row] for row in spans], dtype=np.float64)
+        # floor_ok[device, pair]: the pair meets the policy's default quality floor on that device
+        self.floor = policy.quality_floor
+        self.floor_ok = np.ones((len(devices), len(self.pairs)), dtype=bool)
+        if self.floor is not None:
+            for di, d in enumerate(devices):
+                table = d.calibration.quality or quality
+                for pi, p in enumerate(self.pairs):
+                    q = table.get(pair_name(p))
+                    if q is not None:
+                        self.floor_ok[di, pi] = self.floor.admits(q)
+                    elif p != ("f32", "f32"):
+                        self.floor_ok[di, pi] = not (set(p) & _UNMEASURED_BELOW_FLOOR)
 
     def free_bytes(self, di: int, n_seqs: int, max_context: int) -> float:
         d = self.devices[di]
@@ -467,8 +593,40 @@ class _Model:
         tps = np.where(fits & qual & ~np.isnan(self.attn[di]), n / t, 0.0) if n else np.zeros(len(self.pairs))
         return kv, fits, qual, np.nan_to_num(tps)
 
+    def choose(self, di: int, counts: np.ndarray) -> _Choice | None:
+        """The format for these agents on worker di, or None when nothing fits.
+
+        Among the formats that fit memory and every group's floor: only those meeting the default
+        quality floor, unless none of them fits (then the choice is forced). Among those, the
+        fastest by predicted median tokens/s, unless a higher-quality format is slower by less than
+        the two formats' combined uncertainty (the half-widths of their tokens/s intervals from the
+        attention costs' intervals; the weight-stream time is shared by both and cancels): a tie,
+        which goes to the higher quality.
+        """
+        kv, fits, qual, tps = self.options(di, counts)
+        ok = fits & qual & (tps > 0)
+        if not ok.any():
+            return None
+        tier = ok & self.floor_ok[di]
+        forced = not tier.any()
+        if forced:
+            tier = ok
+        n = int(counts.sum())
+        cal = self.devices[di].calibration
+        w_med = cal.weight_time(n)
+        positions = self.geom.n_layer * float(counts @ self.context)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fast = n / (w_med + self.attn_lo[di] * positions)
+            slow = n / (w_med + self.attn_hi[di] * positions)
+        half = np.nan_to_num((fast - slow) / 2)
+        cands = np.flatnonzero(tier)
+        best = int(cands[np.argmax(tps[cands])])
+        tied = cands[tps[best] - tps[cands] <= half[best] + half[cands]]
+        pi = int(max(tied, key=lambda i: (self.rank[i], tps[i])))
+        return _Choice(float(tps[pi]), pi, best, forced, kv, fits, qual, tps)
+
     def value(self, di: int, counts: np.ndarray) -> tuple[float, int]:
-        """(tokens/s, chosen pair index); (-inf, -1) when nothing fits. Ties go to the higher quality."""
+        """(tokens/s, chosen pair index); (-inf, -1) when nothing fits."""
         key = (self.dclass[di], tuple(counts.tolist()))
         hit = self.cache.get(key)
         if hit is not None:
@@ -476,17 +634,31 @@ class _Model:
         if not counts.any():
             out = (0.0, -1)
         else:
-            kv, fits, qual, tps = self.options(di, counts)
-            ok = fits & qual & (tps > 0)
-            if not ok.any():
-                out = (-math.inf, -1)
-            else:
-                best = tps[ok].max()
-                cands = np.flatnonzero(ok & (tps == best))
-                pi = int(cands[np.argmax(self.rank[cands])])
-                out = (float(best), pi)
+            c = self.choose(di, counts)
+            out = (-math.inf, -1) if c is None else (c.tokens_per_s, c.pair)
         self.cache[key] = out
         return out
+
+    def interval(self, di: int, counts: np.ndarray, pi: int) -> Interval:
+        """(low, high) tokens/s of pair pi: the slow and fast ends of the weight and attention intervals."""
+        n = int(counts.sum())
+        if not n or np.isnan(self.attn_lo[di, pi]):
+            return (0.0, 0.0)
+        w_lo, w_hi = self.devices[di].calibration.weight_time_interval(n)
+        positions = self.geom.n_layer * float(counts @ self.context)
+        return (n / (w_hi + self.attn_hi[di, pi] * positions), n / (w_lo + self.attn_lo[di, pi] * positions))
+
+
+@dataclass(frozen=True)
+class _Choice:
+    tokens_per_s: float
+    pair: int  # chosen
+    fastest: int  # the fastest by median among the formats considered
+    forced: bool  # no format meeting the default quality floor fits
+    kv: np.ndarray
+    fits: np.ndarray
+    qual: np.ndarray
+    tps: np.ndarray
 
 
 def _nan(x: float | None) -> float:
@@ -742,20 +914,22 @@ def _build(m: _Model, counts: np.ndarray, search: str) -> Plan:
         if pi < 0:  # no agents: report the widest allowed format
             pi = int(np.argmax(m.rank))
         pair = m.pairs[pi]
+        choice = m.choose(w, c) if n else None
+        free = m.free_bytes(w, n, max_ctx)
         options = []
         for oi, p in enumerate(m.pairs):
+            below = "" if m.floor_ok[w, oi] else f", below the default quality floor ({m.floor})"
             if oi == pi and n:
                 verdict = "chosen"
             elif not fits[oi]:
-                over = kv[oi] - m.free_bytes(w, n, max_ctx)
-                verdict = f"over memory by {_gb(over)}"
+                verdict = f"over memory by {_gb(kv[oi] - free)}"
             elif not qual[oi]:
                 bad = [gi for gi in range(len(m.groups)) if present[gi] and not m.qual_ok[w, gi, oi]]
                 verdict = m.qual_reason.get((w, bad[0], oi), "below a quality floor")
             elif np.isnan(m.attn[w, oi]):
                 verdict = "not calibrated on this worker"
             else:
-                verdict = f"fits, {all_tps[oi] / tps:.3f}x the chosen tokens/s" if n and tps > 0 else "fits"
+                verdict = (f"fits, {all_tps[oi] / tps:.3f}x the chosen tokens/s" if n and tps > 0 else "fits") + below
             options.append(
                 FormatOption(
                     format=pair_name(p),
@@ -763,8 +937,11 @@ def _build(m: _Model, counts: np.ndarray, search: str) -> Plan:
                     memory_bytes=int(kv[oi]) + geom.resident_bytes + scratch,
                     tokens_per_s=float(all_tps[oi]) if all_tps[oi] > 0 else None,
                     verdict=verdict,
+                    tokens_per_s_interval=m.interval(w, c, oi) if all_tps[oi] > 0 else None,
+                    meets_floor=bool(m.floor_ok[w, oi]),
                 )
             )
+        decision = _decision(m, w, choice, free) if choice is not None else ""
         gw = tuple(
             GroupOnWorker(
                 group=g.name,
@@ -803,6 +980,8 @@ def _build(m: _Model, counts: np.ndarray, search: str) -> Plan:
                 tokens_per_s=tps if n else 0.0,
                 agent_tokens_per_s=tps / n if n else 0.0,
                 options=tuple(options),
+                tokens_per_s_interval=m.interval(w, c, pi) if n else (0.0, 0.0),
+                decision=decision,
             )
         )
     total = sum(w.tokens_per_s for w in workers)
@@ -813,7 +992,63 @@ def _build(m: _Model, counts: np.ndarray, search: str) -> Plan:
         tokens_per_s=total,
         agents=int(counts.sum()),
         search=search,
+        tokens_per_s_interval=(
+            sum(w.tokens_per_s_interval[0] for w in workers),
+            sum(w.tokens_per_s_interval[1] for w in workers),
+        ),
     )
+
+
+def _decision(m: _Model, w: int, c: _Choice, free: float) -> str:
+    """Why worker w got its format, in words and numbers."""
+    name = pair_name(m.pairs[c.pair])
+    if c.forced:
+        better = [
+            f"{pair_name(p)}{' needs' if not n else ''} {_gb(c.kv[i])}"
+            for n, (i, p) in enumerate(
+                [
+                    (i, p)
+                    for i, p in sorted(enumerate(m.pairs), key=lambda ip: -c.kv[ip[0]])
+                    if m.floor_ok[w, i] and c.qual[i] and not np.isnan(m.attn[w, i])
+                ][-3:]  # the three narrowest that meet the floor
+            )
+        ]
+        return (
+            f"forced by memory: it is below the default quality floor ({m.floor}), but no format meeting it "
+            f"fits: {' and '.join(better) or 'none is allowed'}; the worker has {_gb(free)} for KV."
+        )
+    lines = []
+    if c.fastest != c.pair:
+        f = pair_name(m.pairs[c.fastest])
+        gain = c.tps[c.fastest] / c.tps[c.pair] - 1
+        lines.append(
+            f"{f} predicts {gain:.1%} more tokens/s, within the calibration's noise, so it is a tie and the "
+            f"tie goes to the higher quality ({name})."
+        )
+    else:
+        narrower = [
+            i for i in np.flatnonzero(c.fits & c.qual & m.floor_ok[w]) if m.rank[i] > m.rank[c.pair] and c.tps[i] > 0
+        ]
+        if narrower:
+            i = int(max(narrower, key=lambda i: m.rank[i]))
+            gain = c.tps[c.pair] / c.tps[i] - 1
+            lines.append(
+                f"faster than the higher-quality {pair_name(m.pairs[i])} by {gain:.1%}, more than the "
+                "calibration's noise."
+            )
+        else:
+            lines.append("the fastest of the formats that fit, and no format of higher quality fits.")
+    below = [
+        pair_name(p)
+        for i, p in enumerate(m.pairs)
+        if not m.floor_ok[w, i] and c.fits[i] and c.qual[i] and c.tps[i] > c.tps[c.pair]
+    ]
+    if below and m.floor is not None:
+        lines.append(
+            f"Faster but below the default quality floor ({m.floor}), so not used while a format meeting it "
+            f"fits: {', '.join(below)}."
+        )
+    return " ".join(lines)
 
 
 def _why_nothing_fits(m: _Model) -> str:

@@ -6,7 +6,9 @@ The planner stays pure; this module is where measured facts are gathered
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,10 +102,18 @@ def plan_inputs(
         pairs = tuple(planner.parse_pair(p) for p in cfg.policy.pairs)
     else:
         pairs = tuple(itertools.product(cfg.policy.formats, cfg.policy.formats))
-    policy = planner.Policy(formats=pairs, objective=cfg.policy.objective)
+    qf = cfg.policy.quality_floor
+    floor = None if qf.max_kl is None and qf.min_top1 is None else planner.QualityFloor(qf.max_kl, qf.min_top1)
+    policy = planner.Policy(formats=pairs, objective=cfg.policy.objective, quality_floor=floor)
     devices = []
     quality: dict[str, planner.Quality] = {}
     for i, w in enumerate(cfg.workers):
+        if w.kind == "local" and w.calibration_file:
+            cal = _trusted(read_calibration_file(w.calibration_file, f"workers[{i}].calibration_file"), geom, pairs)
+            quality = quality or cal.quality
+            usable = min(w.memory or available_memory(), available_memory())
+            devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
+            continue
         if w.kind == "local" and w.calibration != "catalog":
             if path is None:
                 raise ConfigError(
@@ -118,7 +128,9 @@ def plan_inputs(
                     opts = CalibrationOptions.quick(threads) if mode == "quick" else CalibrationOptions(threads=threads)
                     return measure(p, opts, progress=progress)
 
-            cal = planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads))
+            cal = _trusted(
+                planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads)), geom, pairs
+            )
             quality = quality or cal.quality
             usable = min(w.memory or available_memory(), available_memory())
             devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
@@ -139,6 +151,43 @@ def plan_inputs(
     )  # fmt: skip
     settings = planner.EngineSettings(cfg.engine.block_tokens, cfg.engine.max_batch_tokens, cfg.engine.threads)
     return PlanInputs(geom, tuple(devices), groups, policy, settings, quality, path)
+
+
+# Share of the measured read bandwidth a decode step sustains, for a host whose calibration is
+# unreliable: the catalog's CPU hosts assume 0.7 (configs/devices.yaml, x86-host).
+_HOST_BANDWIDTH_EFFICIENCY = 0.7
+
+
+def _trusted(cal: planner.Calibration, geom: planner.ModelGeometry, pairs: tuple) -> planner.Calibration:
+    """A measured calibration, or, when it stayed unreliable, a bandwidth prediction that says so."""
+    if cal.reliable:
+        return cal
+    why = "; ".join(cal.problems) or "unreliable"
+    bandwidth = cal.read_bytes_per_s or 20e9  # 20 GB/s: a single-channel DDR4 host, when not measured
+    pred = planner.Calibration.from_bandwidth(
+        geom, bandwidth * _HOST_BANDWIDTH_EFFICIENCY, pairs,
+        source=f"predicted from catalog (this host's calibration is unreliable: {why})",
+    )  # fmt: skip
+    return dataclasses.replace(pred, quality=cal.quality, machine=cal.machine, reliable=False, problems=cal.problems)
+
+
+# A recorded calibration is a small JSON document; anything larger is not one.
+_MAX_CALIBRATION_FILE_BYTES = 4 << 20
+
+
+def read_calibration_file(path: str, where: str) -> planner.Calibration:
+    """A recorded calibration: `swarm calibrate --json` output, or a cache file (its "calibration")."""
+    p = Path(path).expanduser()
+    fix = "point it at the output of `swarm calibrate --json` or a calibration cache file"
+    if not p.is_file():
+        raise ConfigError(where, f"{path!r} is not a file", fix)
+    if p.stat().st_size > _MAX_CALIBRATION_FILE_BYTES:
+        raise ConfigError(where, f"{path!r} is larger than {_MAX_CALIBRATION_FILE_BYTES:,} bytes", fix)
+    try:
+        d = json.loads(p.read_text())
+        return planner.Calibration.from_dict(d.get("calibration", d))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(where, f"{path!r} is not a calibration ({type(e).__name__})", fix) from None
 
 
 def plan_config(cfg: SwarmConfig, **kwargs: object) -> tuple[planner.Plan, PlanInputs]:

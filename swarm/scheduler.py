@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 from ray.util import metrics
 from ray.util import state as ray_state
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -57,6 +60,7 @@ NODE_LABEL = "ray.io/node-id"
 TIMEOUT_S = 120.0  # placement and worker start (a cold start may calibrate)
 CALL_TIMEOUT_S = 30.0  # one request to a running worker
 CALIBRATE_TIMEOUT_S = 1800.0  # a worker that measures itself on start (cached after the first time)
+LOOPBACK = "127.0.0.1"  # a Ray this process starts listens here only (GCS, raylet, workers, agents, dashboard)
 
 
 class SchedulerError(SwarmError):
@@ -65,6 +69,10 @@ class SchedulerError(SwarmError):
 
 class WorkerLost(SchedulerError):
     """A worker actor died or stopped answering."""
+
+
+class CallRefused(SchedulerError):
+    """A running worker raised on one call (a turn it cannot take); the worker itself is fine."""
 
 
 # -- connecting ---------------------------------------------------------------------------
@@ -96,16 +104,20 @@ def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus:
     head_process = False
     if address is None and keep:
         # --keep outlives this process, so Ray runs as its own head, not inside the driver.
-        cmd = [_ray_cli(), "start", "--head", "--dashboard-host", "127.0.0.1", f"--num-cpus={cpus}",
+        cmd = [_ray_cli(), "start", "--head", "--dashboard-host", LOOPBACK, "--node-ip-address", LOOPBACK,
+               f"--num-cpus={cpus}",
                f"--resources={json.dumps(resources)}", "--disable-usage-stats"]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
         if r.returncode != 0:
             raise SchedulerError(f"`ray start --head` failed: {r.stderr.strip()[-600:]}")
         address, head_process = "auto", True
     if address is None:
+        _loopback_only()
+        _reap_orphans()
+        os.environ[OWNER_ENV] = _owner_id(os.getpid())  # inherited by every Ray process started below
         ctx = ray.init(
             namespace=NAMESPACE, num_cpus=cpus, resources=resources, include_dashboard=True,
-            dashboard_host="127.0.0.1", log_to_driver=False, logging_level="warning",
+            dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK, log_to_driver=False, logging_level="warning",
         )  # fmt: skip
         started = True
     else:
@@ -126,6 +138,59 @@ def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus:
         head_process=head_process,
         auth_token_path=auth_token_path(),
     )
+
+
+OWNER_ENV = "KVSWARM_RAY_OWNER"  # "<pid>:<start time>:<command key>" of the driver that started a local Ray
+
+
+def _owner_id(pid: int) -> str:
+    """A process identity that survives pid reuse (its pid and start time in clock ticks since boot), and the key
+    of the command it runs (its working directory and arguments: the same server started again has the same)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+    key = hashlib.sha256(cwd.encode() + b"\0" + argv).hexdigest()[:16]
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}:{key}"
+
+
+def _reap_orphans() -> list[int]:
+    """Kills the Ray processes that an earlier run of this same command started and left behind when it was
+    killed (a SIGKILLed driver takes its GCS and raylet with it, but the dashboard and runtime-env agents outlive
+    them). Only processes whose OWNER_ENV names a driver that is gone and ran this command are touched: another
+    program's Ray, or a live driver's, is never touched. Returns the pids killed."""
+    mine = _owner_id(os.getpid())
+    if not mine:  # no /proc: nothing to look at
+        return []
+    key = mine.rsplit(":", 1)[1]
+    killed = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or d.name == str(os.getpid()):
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        owner = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(OWNER_ENV.encode() + b"=")), "")
+        parts = owner.split(":")
+        if len(parts) != 3 or parts[2] != key or _owner_id(int(parts[0])) == owner:
+            continue  # another command's Ray, or its driver is alive
+        with contextlib.suppress(OSError):
+            os.kill(int(d.name), signal.SIGKILL)
+            killed.append(int(d.name))
+    return killed
+
+
+def _loopback_only() -> None:
+    """A Ray started here is a one-machine Ray: every process it starts binds and advertises 127.0.0.1.
+
+    Ray turns a node IP of 127.0.0.1 into the host's address unless clustering is off
+    (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, Ray's own switch for one-machine platforms, read by
+    this process at import and by the processes it starts from their environment)."""
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _ray_cli() -> str:
@@ -312,19 +377,28 @@ class Scheduler:
                 "no node has the CPU, memory or device resources free. To fix: check `ray status`"
             ) from e
         started = []
-        for spec, bundle, pg in pending:
-            actor = _RemoteWorker.options(
-                name=self.actor_name(spec.name),
-                num_cpus=bundle.get("CPU", 0.0),
-                memory=bundle["memory"],
-                resources={k: v for k, v in bundle.items() if k.startswith("device:")},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-                lifetime=self._lifetime,
-            ).remote(_spec_dict(spec))
-            started.append((spec, actor, pg))
-        calibrating = any(spec.calibration != "catalog" for spec, _, _ in started)  # a cold full run takes minutes
-        nodes = _get([a.node_id.remote() for _, a, _ in started], max(timeout_s, CALIBRATE_TIMEOUT_S) if calibrating
-                     else timeout_s, "worker start")  # fmt: skip
+        try:
+            for spec, bundle, pg in pending:
+                actor = _RemoteWorker.options(
+                    name=self.actor_name(spec.name),
+                    num_cpus=bundle.get("CPU", 0.0),
+                    memory=bundle["memory"],
+                    resources={k: v for k, v in bundle.items() if k.startswith("device:")},
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+                    lifetime=self._lifetime,
+                ).remote(_spec_dict(spec))
+                started.append((spec, actor, pg))
+            calibrating = any(spec.calibration != "catalog" for spec, _, _ in started)  # a cold full run: minutes
+            nodes = _get([a.node_id.remote() for _, a, _ in started], max(timeout_s, CALIBRATE_TIMEOUT_S)
+                         if calibrating else timeout_s, "worker start")  # fmt: skip
+        except BaseException:  # none of them is kept: their actors and groups go, so a retry finds the names free
+            for _, actor, _ in started:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            for _, _, pg in pending:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+            raise
         for (spec, actor, pg), node in zip(started, nodes, strict=True):
             self.workers[spec.name] = WorkerHandle(spec=spec, actor=actor, pg=pg, node_id=node)
 
@@ -379,7 +453,8 @@ class Scheduler:
     def end(self, worker: str, session: str) -> None:
         h = self.workers.get(worker)
         if h is not None and h.alive:
-            _get([h.actor.end.remote(session)], CALL_TIMEOUT_S, worker, h)
+            with contextlib.suppress(CallRefused):  # the session is gone either way
+                _get([h.actor.end.remote(session)], CALL_TIMEOUT_S, worker, h)
 
     def drain_all(self) -> dict[str, dict[str, dict] | WorkerLost]:
         """Each live worker's new tokens; a worker that died maps to a WorkerLost."""
@@ -388,7 +463,8 @@ class Scheduler:
         return dict(zip([h.spec.name for h in live], _gather(refs, live), strict=True))
 
     def states(self) -> dict[str, dict | WorkerLost]:
-        live = [h for h in self.workers.values() if h.alive]
+        """Every live worker's state(); safe to call while another thread places workers (a copy is iterated)."""
+        live = [h for h in list(self.workers.values()) if h.alive]
         refs = [h.actor.state.remote() for h in live]
         return dict(zip([h.spec.name for h in live], _gather(refs, live), strict=True))
 
@@ -432,11 +508,17 @@ def _get(refs: list[Any], timeout_s: float, what: str, h: WorkerHandle | None = 
     try:
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as e:
+        if h is not None:
+            h.alive = False
         raise WorkerLost(f"{what}: no answer within {timeout_s:.0f} s") from e
     except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
         if h is not None:
             h.alive = False
         raise WorkerLost(f"{what}: the worker died ({type(e).__name__})") from e
+    except ray.exceptions.RayTaskError as e:  # the method raised; the actor lives on
+        if h is None:
+            raise WorkerLost(f"{what}: {type(e.cause).__name__}: {str(e.cause)[:300]}") from e
+        raise CallRefused(f"{what}: {type(e.cause).__name__}: {str(e.cause)[:500]}") from e
 
 
 def _gather(refs: list[Any], handles: list[WorkerHandle], timeout_s: float = CALL_TIMEOUT_S) -> list[Any]:

@@ -8,16 +8,18 @@ unpickled or executed: requests are protobuf messages and YAML parsed with
 `yaml.safe_load`.
 
 Security: binds 127.0.0.1 unless told otherwise; every call but health
-checking needs `authorization: Bearer <token>` unless auth is disabled; TLS
-when a certificate and key are given; limits on message size, prompt size and
-concurrent streams per client.
+checking needs `authorization: Bearer <token>` unless auth is disabled, with
+a role that allows the method, and is admitted against limits per token
+identity with a reserve for health checks and admin tokens (swarm/auth.py);
+TLS when a certificate and key are given; limits on message size and prompt size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hmac
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,12 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarm import scheduler
-from swarm.config import SwarmConfig, load_config
+from swarm import auth, scheduler
+from swarm.config import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    SwarmConfig,
+    as_float32,
+    load_config,
+    load_data,
+    parse_document,
+    show,
+)
 from swarm.errors import (
     AlreadyExists,
     ConfigError,
@@ -44,13 +56,15 @@ from swarm.errors import (
     ResourceExhausted,
     SwarmError,
 )
-from swarm.jobs import Job
+from swarm.jobs import TERMINAL, Job
 from swarm.launch import SwarmRun
 from swarm.planning import plan_config, plan_inputs
 from swarm.store import Store
 from swarm.v1 import swarm_pb2 as pb
 from swarm.v1 import swarm_pb2_grpc as pb_grpc
+from worker.models import served_models
 
+log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["SwarmService"].full_name
 ROLES = ("system", "user", "assistant")
 
@@ -60,8 +74,14 @@ class Limits:
     max_message_bytes: int = 4 << 20  # one request or response
     max_prompt_chars: int = 256 << 10  # all messages of one job together
     max_messages: int = 256
-    max_streams_per_client: int = 256  # StreamJob + WatchPlacement at once, per client
+    max_streams_per_client: int = 256  # StreamJob + WatchPlacement at once, per token identity (swarm/auth.py)
     max_jobs_per_request: int = 1024  # a group submission
+    max_stop_strings: int = 32  # per job (the matcher's automaton holds at most 32 x 512 characters)
+    max_stop_chars: int = 512  # one stop string
+    max_name_chars: int = 128  # a swarm, agent or group name, a job id, a job state (names are 63 at most)
+    max_key_chars: int = 256  # an idempotency key
+    max_deadline_s: float = 30 * 86400  # a job's deadline_s: 30 days
+    max_list_jobs: int = 1000  # ListJobs.limit (a response also stops short of max_message_bytes)
 
 
 # -- errors -> status codes ------------------------------------------------------------------
@@ -80,17 +100,47 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
 ]
 
 
-def _code(e: BaseException) -> grpc.StatusCode | None:
-    return next((c for t, c in _CODES if isinstance(e, t)), None)
+MAX_ERROR_CHARS = 2000  # an error's text: the field path, the problem, the fix, and a short prefix of the input
+
+
+def _code(e: BaseException) -> grpc.StatusCode:
+    """The one table: a typed error's code; anything else is a bug, reported as INTERNAL (never UNKNOWN)."""
+    return next((c for t, c in _CODES if isinstance(e, t)), grpc.StatusCode.INTERNAL)
+
+
+def _details(e: BaseException) -> str:
+    text = str(e) if isinstance(e, SwarmError) else f"internal error ({type(e).__name__}); the server log has it"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 30] + f"... ({len(text):,} characters)"
+
+
+def _abort(context: grpc.ServicerContext, e: Exception) -> None:
+    if not isinstance(e, SwarmError) and context.code() is not None:
+        raise e  # context.abort() already ran (it raises a bare Exception): keep its status
+    if not isinstance(e, SwarmError):
+        log.error("handler failed: %s: %s", type(e).__name__, str(e)[:MAX_ERROR_CHARS], exc_info=e)
+    context.abort(_code(e), _details(e))
+
+
+# Top-level string fields of requests that name things: bounded before any handler looks them up or echoes them.
+_NAME_FIELDS = ("swarm", "agent", "group", "job_id", "state")
+
+
+def _check_names(request: Any, limits: Limits) -> None:
+    for name in _NAME_FIELDS:
+        v = getattr(request, name, "")
+        if isinstance(v, str) and len(v) > limits.max_name_chars:
+            raise InvalidArgument(name, f"{show(v)} is longer than {limits.max_name_chars} characters (no such "
+                                  "name can exist)")  # fmt: skip
 
 
 def _unary(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(self: Servicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            _check_names(request, self.limits)
             return fn(self, request, context)
-        except SwarmError as e:
-            context.abort(_code(e) or grpc.StatusCode.UNKNOWN, str(e))
+        except Exception as e:  # noqa: BLE001 - every failure gets a defined code (_code)
+            _abort(context, e)
 
     return wrapper
 
@@ -99,41 +149,12 @@ def _streaming(fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]
     @functools.wraps(fn)
     def wrapper(self: Servicer, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
+            _check_names(request, self.limits)
             yield from fn(self, request, context)
-        except SwarmError as e:
-            context.abort(_code(e) or grpc.StatusCode.UNKNOWN, str(e))
+        except Exception as e:  # noqa: BLE001 - every failure gets a defined code (_code)
+            _abort(context, e)
 
     return wrapper
-
-
-# -- auth -------------------------------------------------------------------------------------
-
-
-class _BearerAuth(grpc.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>` (health checks are open)."""
-
-    OPEN = ("/grpc.health.v1.Health/",)
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-        def deny(request: Any, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'")  # fmt: skip
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith(self.OPEN):
-            return continuation(details)
-        got = dict(details.invocation_metadata or ()).get("authorization", "")
-        if isinstance(got, str) and hmac.compare_digest(got.encode(), self._expected):
-            return continuation(details)
-        handler = continuation(details)
-        if handler is not None and handler.response_streaming:
-            return self._deny_stream
-        return self._deny_unary
 
 
 # -- the hub: swarms and jobs ------------------------------------------------------------------
@@ -152,6 +173,37 @@ class Hub:
     archive: dict[str, Job] = field(default_factory=dict)  # jobs of swarms no longer running
     idempotency: dict[str, list[str]] = field(default_factory=dict)  # key -> job ids
     lock: threading.RLock = field(default_factory=threading.RLock)
+    models_dir: Path | None = None  # GGUF files a client may name (by path under it), besides the default model
+    on_swarm_state: Callable[[SwarmRun], None] | None = None  # a swarm's health may have changed
+
+    def served_model(self, cfg: SwarmConfig, data: dict[str, Any]) -> SwarmConfig:
+        """A client's config with model.path made the served file it names; INVALID_ARGUMENT for any other path.
+
+        The refusal reads the same whether or not the path exists: only the served list is looked at.
+        `data` (what is recorded) gets the file's path too, so a restarted server resumes the same model.
+        """
+        for i, w in enumerate(cfg.workers):
+            if w.calibration_file:  # a server path: a client may not make the server read one
+                raise InvalidArgument(
+                    f"workers[{i}].calibration_file",
+                    "is not accepted over the API; calibrate on the server (calibration: quick or full) or plan "
+                    "with calibration: catalog",
+                )
+        if cfg.model.geometry is not None:
+            return cfg
+        served = served_models(self.models_dir)
+        path = served.get(cfg.model.path)
+        if path is None and cfg.model.path in {str(p) for p in served.values()}:
+            path = Path(cfg.model.path)
+        if path is None:
+            names = ", ".join(list(served)[:16]) or "none (the default model is not installed)"
+            where = "the *.gguf files under --models-dir, by their path under it" if self.models_dir else \
+                "start the server with --models-dir to offer more"  # fmt: skip
+            raise InvalidArgument("model.path", f"{show(cfg.model.path)} is not a model this server offers; use one "
+                                  f"of: {names} ({where})")  # fmt: skip
+        model = {**(data.get("model") or {}), "path": str(path)}
+        data["model"] = model
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(path)))
 
     def recover(self) -> list[str]:
         """Relaunches the swarms a previous server left running, with their agents and jobs; their names."""
@@ -187,8 +239,10 @@ class Hub:
     def _make(self, cfg: SwarmConfig) -> SwarmRun:
         inputs = plan_inputs(cfg, calibrate=self.calibrate)
         out = self.out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        return SwarmRun(cfg, inputs, scheduler.Scheduler(cfg.name, self.conn), out, echo=self.echo, live=False,
-                        serve=True, store=self.store)  # fmt: skip
+        run = SwarmRun(cfg, inputs, scheduler.Scheduler(cfg.name, self.conn), out, echo=self.echo, live=False,
+                       serve=True, store=self.store)  # fmt: skip
+        run.on_state = lambda r: self.on_swarm_state(r) if self.on_swarm_state else None
+        return run
 
     def launch(self, cfg: SwarmConfig, data: dict[str, Any]) -> SwarmRun:
         with self.lock:
@@ -212,7 +266,7 @@ class Hub:
     def swarm(self, name: str) -> SwarmRun:
         run = self.swarms.get(name)
         if run is None:
-            raise NotFound(f"no swarm {name!r} (running: {', '.join(self.swarms) or 'none'})")
+            raise NotFound(f"no swarm {show(name)} (running: {', '.join(list(self.swarms)[:16]) or 'none'})")
         return run
 
     def stop(self, name: str) -> SwarmRun:
@@ -231,7 +285,7 @@ class Hub:
                 return run, job
         if job_id in self.archive:
             return None, self.archive[job_id]
-        raise NotFound(f"no job {job_id!r}")
+        raise NotFound(f"no job {show(job_id)}")
 
     def shutdown(self) -> None:
         """A clean stop: swarms stop, their jobs end as cancelled (recorded)."""
@@ -264,7 +318,7 @@ def _messages(msgs: Any, limits: Limits, path: str = "messages") -> list[dict[st
     out, chars = [], 0
     for i, m in enumerate(msgs):
         if m.role not in ROLES:
-            raise InvalidArgument(f"{path}[{i}].role", f"{m.role!r} is not one of {', '.join(ROLES)}")
+            raise InvalidArgument(f"{path}[{i}].role", f"{show(m.role)} is not one of {', '.join(ROLES)}")
         chars += len(m.content)
         out.append({"role": m.role, "content": m.content})
     if chars > limits.max_prompt_chars:
@@ -274,36 +328,51 @@ def _messages(msgs: Any, limits: Limits, path: str = "messages") -> list[dict[st
     return out
 
 
+# (field, lowest, highest, lowest excluded) as the engine checks them, on the float32 value it gets
+_SAMPLING_BOUNDS = (("temperature", 0.0, MAX_TEMPERATURE, False), ("top_p", 0.0, 1.0, True),
+                    ("repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY, False))  # fmt: skip
+
+
+def _sampling_pb(s: Any, path: str) -> dict[str, Any]:
+    """A Sampling message as the engine will get it (top_p and repetition_penalty 0: off), range-checked."""
+    values = {"temperature": s.temperature, "top_p": s.top_p or 1.0, "repetition_penalty": s.repetition_penalty or 1.0}
+    for name, lo, hi, open_lo in _SAMPLING_BOUNDS:
+        v = values[name]
+        seen = as_float32(v)
+        shown = f"{v!r}" if seen == v else f"{v!r} (in float32, the engine's precision: {seen!r})"
+        if not (lo < seen <= hi if open_lo else lo <= seen <= hi):  # NaN fails both
+            interval = f"({lo}, {hi}]" if open_lo else f"[{lo}, {hi}]"
+            off = " (or 0: off)" if name != "temperature" else ""
+            raise InvalidArgument(f"{path}.{name}", f"{shown} is outside {interval}{off}")
+    if not 0 <= s.top_k <= MAX_TOP_K:
+        raise InvalidArgument(f"{path}.top_k", f"{s.top_k} is outside [0, {MAX_TOP_K}]")
+    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": values["top_p"],
+            "repetition_penalty": values["repetition_penalty"], "seed": s.seed}  # fmt: skip
+
+
 def _sampling(req: Any) -> dict[str, Any] | None:
-    if not req.HasField("sampling"):
-        return None
-    s = req.sampling
-    checks = [("temperature", s.temperature, 0, 100), ("top_p", s.top_p, 0, 1),
-              ("repetition_penalty", s.repetition_penalty, 0, 10), ("top_k", s.top_k, 0, 1 << 20)]  # fmt: skip
-    for name, v, lo, hi in checks:
-        if not lo <= v <= hi or v != v:
-            raise InvalidArgument(f"sampling.{name}", f"{v} is outside [{lo}, {hi}]")
-    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p or 1.0,
-            "repetition_penalty": s.repetition_penalty or 1.0, "seed": s.seed}  # fmt: skip
+    return _sampling_pb(req.sampling, "sampling") if req.HasField("sampling") else None
 
 
-def _config_from_request(req: Any) -> tuple[SwarmConfig, dict[str, Any]]:
-    if req.WhichOneof("source") == "config_yaml" or isinstance(req, pb.PlanSwarmRequest):
+def _config_from_request(req: Any, hub: Hub) -> tuple[SwarmConfig, dict[str, Any]]:
+    """The request's swarm config, validated: config_yaml is always a document (never a path), and
+    model.path names only a model this server serves."""
+    if isinstance(req, pb.PlanSwarmRequest) or req.WhichOneof("source") == "config_yaml":
         text = req.config_yaml
         if not text.strip():
             raise InvalidArgument("config_yaml", "is empty; send a swarm config (configs/swarm.schema.json)")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise InvalidArgument("config_yaml", f"is not valid YAML ({e})") from e
-        return load_config(data), data
+        data = parse_document(text, "config_yaml")
+        if not isinstance(data, dict):
+            raise InvalidArgument("config_yaml", f"is a YAML {type(data).__name__}, not a mapping; send a swarm "
+                                  "config document (configs/swarm.schema.json), never a path")  # fmt: skip
+        return hub.served_model(load_data(data), data), data
     if req.WhichOneof("source") != "spec":
         raise InvalidArgument("source", "send config_yaml or spec")
     sp = req.spec
     data: dict[str, Any] = {"name": sp.name, "agents": [], "workers": []}
     if sp.model_path:
         data["model"] = {"path": sp.model_path}
-    for g in sp.agents:
+    for i, g in enumerate(sp.agents):
         d: dict[str, Any] = {"name": g.name, "count": g.count, "context": g.context}
         if g.system_prompt:
             d["system_prompt"] = g.system_prompt
@@ -314,9 +383,7 @@ def _config_from_request(req: Any) -> tuple[SwarmConfig, dict[str, Any]]:
         if g.max_new_tokens:
             d["max_new_tokens"] = g.max_new_tokens
         if g.HasField("sampling"):
-            gs = g.sampling
-            d["sampling"] = {"temperature": gs.temperature, "top_k": gs.top_k, "top_p": gs.top_p or 1.0,
-                             "repetition_penalty": gs.repetition_penalty or 1.0, "seed": gs.seed}  # fmt: skip
+            d["sampling"] = _sampling_pb(g.sampling, f"spec.agents[{i}].sampling")
         data["agents"].append(d)
     for w in sp.workers:
         d = {"name": w.name, "kind": w.kind or "local"}
@@ -330,7 +397,27 @@ def _config_from_request(req: Any) -> tuple[SwarmConfig, dict[str, Any]]:
         data["policy"] = {"formats": list(sp.kv_formats)}
     if sp.threads:
         data["engine"] = {"threads": sp.threads}
-    return load_config(data), data
+    return hub.served_model(load_data(data), data), data
+
+
+def _same_submission(req: Any, target: str, messages: list[dict[str, str]], sampling: dict[str, Any] | None,
+                     jobs: list[Job]) -> bool:  # fmt: skip
+    """Whether a SubmitJob reusing a key asks for what the key's jobs were made from (they are recorded,
+    so this holds across a restart too). max_tokens 0 and the deadline are not compared (a retry may let
+    them default or count its deadline from now)."""
+    if not jobs:
+        return False
+    j = jobs[0]
+    if j.swarm != req.swarm or any(x.messages != messages or x.sampling != sampling or list(x.stop) != list(req.stop)
+                                   for x in jobs):  # fmt: skip
+        return False
+    if req.max_tokens and any(x.max_tokens != req.max_tokens for x in jobs):
+        return False
+    if target == "agent":
+        return len(jobs) == 1 and j.agent == req.agent
+    if target == "group":
+        return all(x.agent.rsplit("-", 1)[0] == req.group for x in jobs)
+    return len(jobs) == 1 and j.agent.startswith("job")  # a one-off agent's name: job<k>-0
 
 
 def _job_pb(job: Job) -> pb.Job:
@@ -354,44 +441,21 @@ class Servicer(pb_grpc.SwarmServiceServicer):
 
     def __init__(self, hub: Hub, limits: Limits) -> None:
         self.hub, self.limits = hub, limits
-        self._streams: dict[str, int] = {}
-        self._streams_lock = threading.Lock()
-
-    # -- streams per client ---------------------------------------------------------------
-    def _client(self, context: grpc.ServicerContext) -> str:
-        md = dict(context.invocation_metadata() or ())
-        given = md.get("x-client-id")
-        if isinstance(given, str) and given:
-            return given[:128]
-        peer = context.peer()  # "ipv4:127.0.0.1:54321"
-        return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-
-    def _open_stream(self, context: grpc.ServicerContext) -> Callable[[], None]:
-        client = self._client(context)
-        with self._streams_lock:
-            n = self._streams.get(client, 0)
-            if n >= self.limits.max_streams_per_client:
-                raise ResourceExhausted(f"client {client} already has {n} open streams (the limit); "
-                                        "close some or wait for their jobs to end")  # fmt: skip
-            self._streams[client] = n + 1
-
-        def close() -> None:
-            with self._streams_lock:
-                self._streams[client] -= 1
-
-        return close
 
     # -- swarms ---------------------------------------------------------------------------------
     @_unary
     def PlanSwarm(self, request: pb.PlanSwarmRequest, context: grpc.ServicerContext) -> pb.PlanSwarmResponse:
-        cfg, _ = _config_from_request(request)
+        cfg, _ = _config_from_request(request, self.hub)
         plan, _ = plan_config(cfg, calibrate=self.hub.calibrate)
         return pb.PlanSwarmResponse(plan_json=plan.to_json(), table=str(plan), explanation=plan.explain(),
                                     predicted_tokens_per_s=plan.tokens_per_s)  # fmt: skip
 
     @_unary
     def LaunchSwarm(self, request: pb.LaunchSwarmRequest, context: grpc.ServicerContext) -> pb.LaunchSwarmResponse:
-        cfg, data = _config_from_request(request)
+        cfg, data = _config_from_request(request, self.hub)
+        if cfg.model.geometry is not None:
+            raise InvalidArgument("model.geometry", "describes a model with no weights: it can be planned "
+                                  "(PlanSwarm), not launched; give model.path")  # fmt: skip
         run = self.hub.launch(cfg, data)
         return pb.LaunchSwarmResponse(swarm=_info_pb(run.info()), plan_json=run.plan.to_json() if run.plan else "")
 
@@ -419,17 +483,33 @@ class Servicer(pb_grpc.SwarmServiceServicer):
         n_ctx = run.inputs.geometry.n_ctx
         if request.max_tokens > n_ctx:
             raise InvalidArgument("max_tokens", f"{request.max_tokens:,} is more than the model's context {n_ctx:,}")
-        if request.deadline_s < 0 or request.deadline_s != request.deadline_s:
-            raise InvalidArgument("deadline_s", f"{request.deadline_s} is negative")
+        lim = self.limits
+        if not 0 <= request.deadline_s <= lim.max_deadline_s:  # NaN fails too
+            raise InvalidArgument("deadline_s", f"{request.deadline_s!r} is outside [0, {lim.max_deadline_s:.0f}] "
+                                  "seconds (0: the call's deadline)")  # fmt: skip
+        if len(request.stop) > lim.max_stop_strings:
+            raise InvalidArgument("stop", f"has {len(request.stop):,} stop strings, more than the limit of "
+                                  f"{lim.max_stop_strings}")  # fmt: skip
         for i, s in enumerate(request.stop):
             if not s:
                 raise InvalidArgument(f"stop[{i}]", "is empty")
-        messages = _messages(request.messages, self.limits)
-        sampling = _sampling(request)
+            if len(s) > lim.max_stop_chars:
+                raise InvalidArgument(f"stop[{i}]", f"has {len(s):,} characters, more than the limit of "
+                                      f"{lim.max_stop_chars}")  # fmt: skip
         key = request.idempotency_key
+        if len(key) > lim.max_key_chars:
+            raise InvalidArgument("idempotency_key", f"has {len(key):,} characters, more than the limit of "
+                                  f"{lim.max_key_chars}")  # fmt: skip
+        messages = _messages(request.messages, lim)
+        sampling = _sampling(request)
         with self.hub.lock:
-            if key and key in self.hub.idempotency:  # a retry: the first submission's jobs
-                return pb.SubmitJobResponse(jobs=[_job_pb(self.hub.job(j)[1]) for j in self.hub.idempotency[key]])
+            if key and key in self.hub.idempotency:  # a retry: the first submission's jobs, if it is the same body
+                first = [self.hub.job(j)[1] for j in self.hub.idempotency[key]]
+                if not _same_submission(request, target, messages, sampling, first):
+                    raise AlreadyExists(f"idempotency_key {show(key)} was used for a different request (jobs "
+                                        f"{', '.join(j.id for j in first[:4])}); resend that request unchanged to "
+                                        "get its jobs, or use a new key")  # fmt: skip
+                return pb.SubmitJobResponse(jobs=[_job_pb(j) for j in first])
             remaining = context.time_remaining()
             if request.deadline_s > 0:
                 deadline = time.time() + request.deadline_s
@@ -453,23 +533,19 @@ class Servicer(pb_grpc.SwarmServiceServicer):
         run, job = self.hub.job(request.job_id)
         if request.offset < 0 or request.offset > len(job.token_ids):
             raise InvalidArgument("offset", f"{request.offset} is outside 0..{len(job.token_ids)} (tokens so far)")
-        close = self._open_stream(context)
         if request.cancel_job_on_disconnect and run is not None:
             context.add_callback(lambda: None if job.done else run.cancel_job(job.id, "client_cancelled"))
         offset = request.offset
-        try:
-            while context.is_active():
-                tokens, pieces, finished = job.wait(offset, self.POLL_S)
-                if tokens or finished:
-                    ev = pb.JobEvent(offset=offset, token_ids=tokens, pieces=pieces, done=finished)
-                    if finished:
-                        ev.job.CopyFrom(_job_pb(job))
-                    yield ev
-                    offset += len(tokens)
-                    if finished:
-                        return
-        finally:
-            close()
+        while context.is_active():
+            tokens, pieces, finished = job.wait(offset, self.POLL_S)
+            if tokens or finished:
+                ev = pb.JobEvent(offset=offset, token_ids=tokens, pieces=pieces, done=finished)
+                if finished:
+                    ev.job.CopyFrom(_job_pb(job))
+                yield ev
+                offset += len(tokens)
+                if finished:
+                    return
 
     @_unary
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -477,15 +553,25 @@ class Servicer(pb_grpc.SwarmServiceServicer):
 
     @_unary
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
-        if request.limit < 0:
-            raise InvalidArgument("limit", f"{request.limit} is negative")
+        if not 0 <= request.limit <= self.limits.max_list_jobs:
+            raise InvalidArgument("limit", f"{request.limit} is outside [0, {self.limits.max_list_jobs}] (0: 100)")
+        if request.state not in ("", "queued", "running", *TERMINAL):
+            raise InvalidArgument("state", f"{show(request.state)} is not a job state (queued, running, "
+                                  f"{', '.join(TERMINAL)}, or empty for all)")  # fmt: skip
         if request.swarm:
             self.hub.swarm(request.swarm)
         jobs = [j for r in list(self.hub.swarms.values()) for j in list(r.jobs.values())]
         jobs += list(self.hub.archive.values())
         jobs = [j for j in jobs if request.swarm in ("", j.swarm) and request.state in ("", j.state)]
         jobs.sort(key=lambda j: j.created, reverse=True)
-        return pb.ListJobsResponse(jobs=[_job_pb(j) for j in jobs[: request.limit or 100]])
+        out, size = [], 0
+        for j in jobs[: request.limit or 100]:  # newest first, as many as fit in one response
+            p = _job_pb(j)
+            size += p.ByteSize() + 8
+            if size > self.limits.max_message_bytes - (64 << 10):
+                break
+            out.append(p)
+        return pb.ListJobsResponse(jobs=out)
 
     @_unary
     def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -500,23 +586,19 @@ class Servicer(pb_grpc.SwarmServiceServicer):
     @_streaming
     def WatchPlacement(self, request: pb.GetPlacementRequest, context: grpc.ServicerContext) -> Iterator[pb.Placement]:
         run = self.hub.swarm(request.swarm)
-        close = self._open_stream(context)
-        try:
-            last, last_sent = None, 0.0
-            while context.is_active():
-                p = run.placement()
-                shape = json.dumps([p["generation"], [{k: v for k, v in w.items() if k not in
-                                   ("measured_tokens_per_s", "kv_bytes_used", "kv_bytes_reserved", "queue_depth")}
-                                   for w in p["workers"]]], sort_keys=True)  # fmt: skip
-                now = time.monotonic()
-                if shape != last or now - last_sent > 5.0:  # a change, or a heartbeat with fresh numbers
-                    yield _placement_pb(p)
-                    last, last_sent = shape, now
-                if run.state in ("stopped", "failed"):
-                    return
-                time.sleep(self.POLL_S)
-        finally:
-            close()
+        last, last_sent = None, 0.0
+        while context.is_active():
+            p = run.placement()
+            shape = json.dumps([p["generation"], [{k: v for k, v in w.items() if k not in
+                               ("measured_tokens_per_s", "kv_bytes_used", "kv_bytes_reserved", "queue_depth")}
+                               for w in p["workers"]]], sort_keys=True)  # fmt: skip
+            now = time.monotonic()
+            if shape != last or now - last_sent > 5.0:  # a change, or a heartbeat with fresh numbers
+                yield _placement_pb(p)
+                last, last_sent = shape, now
+            if run.state in ("stopped", "failed"):
+                return
+            time.sleep(self.POLL_S)
 
 
 # -- parsing requests safely -----------------------------------------------------------------------
@@ -596,6 +678,11 @@ class Server:
         self.hub.shutdown()
 
 
+def swarm_health_name(swarm: str) -> str:
+    """The gRPC health service of one swarm: SERVING while it runs and records, NOT_SERVING otherwise."""
+    return f"kvswarm.swarm/{swarm}"
+
+
 def serve(
     *,
     conn: scheduler.Connection,
@@ -609,20 +696,30 @@ def serve(
     echo: Callable[[str], None] = print,
     calibrate: Callable[[Path, str, int], dict] | None = None,
     store_path: Path | None = None,
+    tokens_file: Path | None = None,
+    models_dir: Path | None = None,
 ) -> Server:
     """Starts the server (token None: auth disabled, for local development only).
+
+    `token` is the default (admin) token; `tokens_file` holds the tokens made by
+    `swarm token create`, re-read when it changes. `max_workers` calls are
+    admitted at once, shared out per token identity (swarm/auth.py).
+
+    A client's model.path may name only the default model or a *.gguf file under `models_dir`.
 
     Swarms and jobs are recorded in `store_path` (default <out_root>/kvswarm.db);
     swarms a previous server left running there are resumed before it listens.
     """
     hub = Hub(conn=conn, out_root=out_root, store=Store(store_path or out_root / "kvswarm.db"), echo=echo,
-              calibrate=calibrate)  # fmt: skip
+              calibrate=calibrate, models_dir=Path(models_dir) if models_dir else None)  # fmt: skip
     hub.recover()
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes)]  # fmt: skip
-    interceptors = [_BearerAuth(token)] if token else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         interceptors=interceptors, options=options, maximum_concurrent_rpcs=max_workers)  # fmt: skip
+    admission = auth.Admission(slots=max_workers, streams_per_identity=limits.max_streams_per_client)
+    tokens = auth.Tokens(token, tokens_file, echo=echo) if token else None
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=admission.threads, thread_name_prefix="grpc"),
+                         interceptors=[auth.Gate(tokens, auth.Limiter(admission))], options=options,
+                         maximum_concurrent_rpcs=admission.threads)  # fmt: skip
     server.add_generic_rpc_handlers((_handlers(Servicer(hub, limits)),))
     h = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(h, server)
@@ -635,4 +732,8 @@ def serve(
     server.start()
     for name in ("", SERVICE):
         h.set(name, health_pb2.HealthCheckResponse.SERVING)
+    hub.on_swarm_state = lambda run: h.set(swarm_health_name(run.cfg.name), health_pb2.HealthCheckResponse.SERVING
+                                           if run.healthy else health_pb2.HealthCheckResponse.NOT_SERVING)  # fmt: skip
+    for run in list(hub.swarms.values()):
+        hub.on_swarm_state(run)
     return Server(server=server, hub=hub, port=bound, host=host, token=token, health=h)

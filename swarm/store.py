@@ -12,11 +12,15 @@ to `agent_tokens` and `job_tokens`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+from swarm.errors import StoreFull
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS swarms (
@@ -59,17 +63,35 @@ class Store:
             self._db.close()
 
     def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """All of `statements` or none. A full disk raises StoreFull; the error raised is always the first one
+        (SQLite may have rolled back already: a second ROLLBACK would only say there is no transaction)."""
         if not statements:
             return
         with self._lock:
-            self._db.execute("BEGIN")
             try:
+                self._db.execute("BEGIN")
                 for sql, args in statements:
                     self._db.execute(sql, args)
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as e:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):  # the first error is the one to report
+                        self._db.execute("ROLLBACK")
+                full = self.full_error(e)
+                if full is not None:
+                    raise full from e
                 raise
+
+    def full_error(self, e: BaseException) -> StoreFull | None:
+        """StoreFull when `e` says the disk holding the store is full, else None."""
+        code = getattr(e, "sqlite_errorcode", None)
+        if (isinstance(e, sqlite3.Error) and (code == sqlite3.SQLITE_FULL or "full" in str(e))) or (
+            isinstance(e, OSError) and e.errno == errno.ENOSPC
+        ):
+            return StoreFull(f"the disk under --out ({self.path.parent}) is full ({e}): nothing more can be "
+                             "recorded, so new jobs are refused. To fix: free space there; the server resumes "
+                             "recording on its own")  # fmt: skip
+        return None
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -79,6 +101,10 @@ class Store:
     def put_swarm(self, name: str, config: dict[str, Any], state: str, started: float, error: str = "") -> None:
         self._tx([("INSERT OR REPLACE INTO swarms VALUES (?, ?, ?, ?, ?)",
                    (name, json.dumps(config), state, started, error))])  # fmt: skip
+
+    def swarm_state(self, name: str) -> tuple[str, str] | None:
+        rows = self._rows("SELECT state, error FROM swarms WHERE name = ?", (name,))
+        return (rows[0][0], rows[0][1]) if rows else None
 
     def set_swarm_state(self, name: str, state: str, error: str = "") -> None:
         self._tx([("UPDATE swarms SET state = ?, error = ? WHERE name = ?", (state, error, name))])

@@ -19,6 +19,17 @@ KV_FORMATS = ["f32", "f16", "q8_0", "q8_head", "q4_0"]
 ISA_LEVELS = isa_levels()
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test starts from an empty calibration cache of its own (never ~/.cache/kvswarm)."""
+    path = tmp_path_factory.mktemp("kvswarm-cache")
+    monkeypatch.setenv("KVSWARM_CACHE", str(path))
+    return path
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{weight type: path} of a 2-layer random Llama (head_dim 32, GQA 4:2, vocab 257)."""

@@ -320,7 +320,11 @@ def test_launch_errors(api: dict[str, Any]) -> None:
     spec = pb.SwarmSpec(name="s", agents=[pb.AgentGroupSpec(name="a", count=0, context=64)])
     got, msg = _code(lambda: c.launch(spec=spec))
     assert got == grpc.StatusCode.INVALID_ARGUMENT and "agents[0].count" in msg
-    too_big = CONFIG.replace("name: api", "name: huge").replace("count: 3", "count: 100000")
+    too_big = (
+        CONFIG.replace("name: api", "name: huge")
+        .replace("count: 3", "count: 4000")
+        .replace("context: 512", "context: 8192")
+    )
     got, msg = _code(lambda: c.launch(too_big))
     assert got == grpc.StatusCode.RESOURCE_EXHAUSTED
 

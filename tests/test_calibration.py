@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from swarm.gguf_header import read_geometry
 from swarm.planner import AgentGroup, Calibration, DeviceProfile, EngineSettings, Policy, plan, scratch_bytes
 from swarm.planning import shared_prefix_tokens
-from worker.calibrate import CalibrationOptions, cache_dir, calibrate
+from worker.calibrate import (
+    MIN_R2,
+    CalibrationOptions,
+    Estimate,
+    _r2,
+    attention_problem,
+    cache_dir,
+    calibrate,
+    engine_build,
+)
 from worker.engine import Engine, KvBudgetError, Sampling
 
 
@@ -24,28 +34,74 @@ def quick_cal(default_model, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def test_quick_calibration_measures_every_format(quick_cal) -> None:  # type: ignore[no-untyped-def]
+    # Only what holds under any measurement: timings on a busy machine can be anything positive.
     cal = Calibration.from_dict(quick_cal)
     assert cal.source == "measured" and cal.machine
     assert set(cal.attn_ns) == {"f32", "f16", "q8_0", "q8_head", "q4_0"}
-    assert all(ns >= 0 and math.isfinite(ns) for ns in cal.attn_ns.values())
-    assert len(cal.weight_step_s) == 4 and all(t > 0 for t in cal.weight_step_s)
-    assert list(cal.weight_step_s) == sorted(cal.weight_step_s)  # more rows per step never take less time
+    for name, entry in quick_cal["attention"].items():
+        lo, hi = entry["ns_per_position_layer_interval"]
+        med = entry["ns_per_position_layer"]
+        assert math.isfinite(med) and lo <= med <= hi, (name, entry)  # never clamped: a median may be negative
+        assert len(entry["samples"]) >= CalibrationOptions.quick().repeats
+        assert med == pytest.approx(float(np.median(entry["samples"])))  # the median of the repeats
+        assert entry["reliable"] == (attention_problem(Estimate(med, lo, hi), entry["r2"]) is None)
+    assert len(cal.weight_step_s) == 4 and len(cal.weight_step_interval) == 4  # batches 1..4, 3 interpolated
+    for t, (lo, hi) in zip(cal.weight_step_s, cal.weight_step_interval, strict=True):
+        assert 0 < lo <= t <= hi
+    assert quick_cal["reliable"] == (not quick_cal["problems"])
+    assert quick_cal["reliable"] == all(e["reliable"] for e in quick_cal["attention"].values())
     q = cal.quality
     assert q["f32"].mean_kl == 0.0 and q["f32"].top1 == 1.0
-    # Fewer bits, more divergence from f32 (docs/KV_QUALITY.md measured the same order).
+    # Fewer bits, more divergence from f32 (docs/KV_QUALITY.md measured the same order); not timing.
     assert q["f16"].mean_kl < q["q8_0"].mean_kl < q["q4_0"].mean_kl
     assert q["f16"].top1 >= q["q4_0"].top1
 
 
-def test_calibration_is_cached_and_remeasured_on_demand(quick_cal, default_model) -> None:  # type: ignore[no-untyped-def]
-    files = list(cache_dir().glob("*.json"))
+# One format, two short contexts, one batch size, three repeats: seconds, for the cache's behaviour.
+SMALL = CalibrationOptions(pairs=(("q8_0", "q8_0"),), contexts=(128, 640), batches=(1,), quality_tokens=24, repeats=3)
+
+
+def test_calibration_is_cached_and_remeasured_on_demand(default_model, capsys) -> None:  # type: ignore[no-untyped-def]
+    first = calibrate(default_model, SMALL)
+    files = list(cache_dir().glob("*.json"))  # this test's own, empty cache (conftest)
     assert len(files) == 1
     record = json.loads(files[0].read_text())
-    assert record["calibration"] == quick_cal
-    assert calibrate(default_model, CalibrationOptions.quick()) == quick_cal  # from the cache
-    fresh = calibrate(default_model, CalibrationOptions.quick(), remeasure=True)
-    assert fresh["weight_step_s"] != quick_cal["weight_step_s"]  # timings are measured again
-    assert fresh["quality"] == quick_cal["quality"]  # scoring is deterministic
+    assert record["calibration"] == first and record["engine_build"] == engine_build()
+    assert calibrate(default_model, SMALL) == first  # from the cache
+    fresh = calibrate(default_model, SMALL, remeasure=True)
+    assert fresh["attention"]["q8_0"]["samples"] != first["attention"]["q8_0"]["samples"]  # measured again
+    assert fresh["quality"] == first["quality"]  # scoring is deterministic
+    capsys.readouterr()
+    # An entry from another engine build is ignored with a one-line warning and measured again.
+    record = json.loads(files[0].read_text())
+    record["engine_build"] = "0" * 16
+    files[0].write_text(json.dumps(record))
+    again = calibrate(default_model, SMALL)
+    err = capsys.readouterr().err
+    assert "from another engine build; measuring again" in err
+    assert again["attention"]["q8_0"]["samples"] != fresh["attention"]["q8_0"]["samples"]
+    assert json.loads(files[0].read_text())["engine_build"] == engine_build()
+    # A corrupt entry likewise.
+    files[0].write_text('{"calibration": {"source": "measured"')
+    calibrate(default_model, SMALL)
+    assert "ignoring corrupt calibration cache" in capsys.readouterr().err
+    assert json.loads(files[0].read_text())["calibration"]["source"] == "measured"
+
+
+def test_unreliable_fits_are_named_never_clamped() -> None:
+    # By hand: the three ways a fitted cost is not trusted.
+    assert attention_problem(Estimate(-3.0, -9.0, 2.0), 0.9) == "negative slope (median -3.0 ns)"
+    assert attention_problem(Estimate(40.0, -1.0, 80.0), 0.9) == "interval reaches zero (-1.0..80.0 ns)"
+    assert attention_problem(Estimate(40.0, 30.0, 50.0), 0.2) == f"poor fit (R^2 0.20 < {MIN_R2})"
+    assert attention_problem(Estimate(40.0, 30.0, 50.0), 0.9) is None
+    # R^2 by hand for four points:
+    xs, ys = [0, 1, 2, 3], [1.0, 1.0, 5.0, 5.0]
+    # least squares: slope 1.6, intercept 0.6 -> fitted 0.6, 2.2, 3.8, 5.4; residuals 0.4, -1.2, 1.2, -0.4
+    ss_res = 0.16 + 1.44 + 1.44 + 0.16
+    ss_tot = 4 * 4.0  # mean 3, deviations -2, -2, 2, 2
+    assert _r2(xs, ys) == pytest.approx(1 - ss_res / ss_tot)
+    # Quartiles by hand (linear interpolation between order statistics), five samples 1..5 -> 2, 3, 4.
+    assert Estimate.of([5.0, 1.0, 4.0, 2.0, 3.0]) == Estimate(3.0, 2.0, 4.0)
 
 
 def test_header_geometry_matches_the_engine(default_model, tiny_models) -> None:  # type: ignore[no-untyped-def]

@@ -1,18 +1,30 @@
-"""Calibration: what each KV format costs on this machine, measured with the engine.
+"""Calibration: what each KV format costs on this machine, measured with the engine, with error bars.
 
 For every (K, V) format it measures
-  * attention cost: decode-step time at several context lengths, fitted with a
-    line; the slope divided by the layer count is the cost per cached position
-    per layer (ns), the number the planner multiplies by context;
+  * attention cost: decode-step time at several context lengths; each repeat
+    fits a line through its points, and the slope divided by the layer count is
+    one estimate of the cost per cached position per layer (ns). The repeats
+    interleave the formats (every format is timed at a context before any
+    format moves on, in an order that rotates per repeat), so drift in the
+    machine's speed hits every format alike;
   * quality: mean KL divergence and top-1 agreement of next-token distributions
     against f32 KV over a fixed text shipped with the package (float32
     activations, so only the KV format differs);
-and once the weight-stream time of a decode step for batch sizes 1..16.
+and the weight-stream time of a decode step for several batch sizes, with the
+batch sizes interleaved the same way.
 
-Results are cached per (machine, model, engine build) in
-$KVSWARM_CACHE/calibration (default ~/.cache/kvswarm) and re-measured on demand.
-The result is plain data (the dict form of swarm.planner.Calibration): the
-worker layer does not import the planner.
+Every cost is reported as the median of its repeats with the interquartile
+range of the repeats as its interval (`INTERVAL`). A fit whose median slope is
+not positive, whose interval reaches zero, or whose pooled R^2 is poor is
+measured again (`MAX_ROUNDS`); one that stays so is flagged unreliable, never
+clamped. The planner plans a worker with an unreliable calibration from its
+measured read bandwidth ("predicted from catalog"), not from these numbers.
+
+Results are cached per (machine, model, options) in $KVSWARM_CACHE/calibration
+(default ~/.cache/kvswarm); an entry that is corrupt or from another engine
+build is ignored with a one-line warning and measured again. The result is
+plain data (the dict form of swarm.planner.Calibration): the worker layer does
+not import the planner.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -37,12 +50,25 @@ CALIBRATION_TEXT = Path(__file__).parent / "data" / "calibration.txt"
 # Positions at which attention cost is sampled; a line through them gives the per-position cost.
 DEFAULT_CONTEXTS = (512, 2048, 4096, 7936)  # up to the default model's 8k: some formats' cost bends late
 QUICK_CONTEXTS = (1024, 4096)
-DEFAULT_BATCHES = tuple(range(1, 17))
+DEFAULT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # sizes between them are interpolated
 QUICK_BATCHES = (1, 2, 4)
-# Decode steps timed per point (after WARMUP_STEPS untimed ones); the median is kept.
-STEPS, WARMUP_STEPS = 7, 2
+# Repeats of every measurement: the median is the estimate, the quartiles its interval. Five is the
+# fewest whose interquartile range is not just the two extremes' neighbours.
+DEFAULT_REPEATS, QUICK_REPEATS = 7, 5
+# Decode steps timed per point (after WARMUP_STEPS untimed ones); their median is one sample.
+STEPS, WARMUP_STEPS = 5, 1
 QUALITY_TOKENS, QUICK_QUALITY_TOKENS = 320, 96
-CACHE_VERSION = 1
+INTERVAL = "interquartile range (25th-75th percentile) of the per-repeat estimates"
+# A line through the pooled (context, step time) points must explain at least this share of their
+# variance; below it the slope is mostly noise. The 1k-8k span of the default model moves a step by
+# 2-10x its weight-stream time, so an honest fit clears 0.5 easily on a quiet machine.
+MIN_R2 = 0.5
+# Rounds of repeats for an unreliable fit before it is flagged (the first round plus re-measurements).
+MAX_ROUNDS = 3
+# Share of MemAvailable the KV of the formats measured side by side may take (formats beyond it are
+# interleaved in groups).
+_MEMORY_SHARE = 0.25
+CACHE_VERSION = 2
 
 
 def all_pairs() -> tuple[tuple[str, str], ...]:
@@ -60,16 +86,18 @@ class CalibrationOptions:
     batches: tuple[int, ...] = DEFAULT_BATCHES
     quality_tokens: int = QUALITY_TOKENS
     threads: int = 2
+    repeats: int = DEFAULT_REPEATS
 
     @staticmethod
     def quick(threads: int = 2) -> CalibrationOptions:
-        """Diagonal formats, two contexts, three batch sizes: a few seconds, for tests and demos."""
+        """Diagonal formats, two contexts, three batch sizes: seconds, for tests and demos."""
         return CalibrationOptions(
             pairs=tuple((f, f) for f in KV_FORMATS),
             contexts=QUICK_CONTEXTS,
             batches=QUICK_BATCHES,
             quality_tokens=QUICK_QUALITY_TOKENS,
             threads=threads,
+            repeats=QUICK_REPEATS,
         )
 
 
@@ -94,9 +122,13 @@ def _file_digest(path: Path, head: int = 1 << 20) -> str:
     return h.hexdigest()[:16]
 
 
+def engine_build() -> str:
+    """Digest of the compiled engine: a calibration is only valid for the build that measured it."""
+    return _file_digest(Path(_native.__file__), head=1 << 30)
+
+
 def cache_key(model: Path, opts: CalibrationOptions) -> str:
-    engine_build = _file_digest(Path(_native.__file__), head=1 << 30)
-    parts = [machine_id(), _file_digest(model), engine_build, json.dumps(dataclasses.asdict(opts)), str(CACHE_VERSION)]
+    parts = [machine_id(), _file_digest(model), json.dumps(dataclasses.asdict(opts)), str(CACHE_VERSION)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -104,10 +136,52 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KVSWARM_CACHE", Path.home() / ".cache" / "kvswarm")) / "calibration"
 
 
-def _median_step(eng: Engine, ids: Sequence[int], steps: int = STEPS) -> float:
+# -- statistics ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The median of repeated estimates and their interquartile range."""
+
+    median: float
+    low: float
+    high: float
+
+    @staticmethod
+    def of(samples: Sequence[float]) -> Estimate:
+        a = np.asarray(samples, dtype=np.float64)
+        lo, med, hi = np.percentile(a, [25, 50, 75])
+        return Estimate(float(med), float(lo), float(hi))
+
+
+def _r2(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Share of the variance of ys that a least-squares line in xs explains (pooled over repeats)."""
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    if len(set(x.tolist())) < 2 or np.var(y) == 0:
+        return 0.0
+    slope, icpt = np.polyfit(x, y, 1)
+    resid = y - (slope * x + icpt)
+    return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))
+
+
+def attention_problem(est: Estimate, r2: float) -> str | None:
+    """Why a fitted attention cost cannot be trusted, or None."""
+    if est.median <= 0:
+        return f"negative slope (median {est.median:.1f} ns)"
+    if est.low <= 0:
+        return f"interval reaches zero ({est.low:.1f}..{est.high:.1f} ns)"
+    if r2 < MIN_R2:
+        return f"poor fit (R^2 {r2:.2f} < {MIN_R2})"
+    return None
+
+
+# -- timing --------------------------------------------------------------------------
+
+
+def _median_step(eng: Engine, ids: Sequence[int]) -> float:
     """Median seconds of one decode step with every sequence in `ids` generating."""
     times = []
-    for i in range(WARMUP_STEPS + steps):
+    for i in range(WARMUP_STEPS + STEPS):
         t0 = time.perf_counter()
         out = eng.step()
         dt = time.perf_counter() - t0
@@ -131,37 +205,145 @@ def _decode_at(eng: Engine, ids: Sequence[int], token: int) -> float:
     return t
 
 
-def measure_attention(model: Path, pair: tuple[str, str], contexts: Sequence[int], threads: int) -> tuple[float, float]:
-    """(ns per position per layer, intercept seconds): a least-squares line through step time vs context."""
-    eng = Engine(model, kv_k=pair[0], kv_v=pair[1], threads=threads, prefix_sharing=False)
-    sid = eng.add_sequence([], generate=False)
-    xs, ys = [], []
-    limit = eng.config["n_ctx_train"] - WARMUP_STEPS - STEPS - 4  # room for the timed decode steps
+@dataclasses.dataclass(frozen=True)
+class AttentionFit:
+    estimate: Estimate  # ns per position per layer
+    r2: float
+    samples: tuple[float, ...]
+    problem: str | None  # None: reliable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ns_per_position_layer": self.estimate.median,
+            "ns_per_position_layer_interval": [self.estimate.low, self.estimate.high],
+            "r2": self.r2,
+            "samples": list(self.samples),
+            "reliable": self.problem is None,
+            **({"problem": self.problem} if self.problem else {}),
+        }
+
+
+def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) -> list[list[tuple[str, str]]]:
+    """Splits the pairs into groups whose KV at max_ctx fits in _MEMORY_SHARE of available memory
+    (on a big host: one group, every format interleaved with every other)."""
+    c = Engine(model, kv_k="f16", kv_v="f16", threads=1, prefix_sharing=False).config
+    budget = _MEMORY_SHARE * _available_memory()
+    groups: list[list[tuple[str, str]]] = [[]]
+    used = 0
+    for k, v in pairs:
+        need = (
+            max_ctx
+            * c["n_layer"]
+            * c["n_head_kv"]
+            * (_native.kv_row_bytes(k, c["head_dim"]) + _native.kv_row_bytes(v, c["head_dim"]))
+        )
+        if groups[-1] and used + need > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append((k, v))
+        used += need
+    return groups
+
+
+def _available_memory() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def measure_attention(
+    model: Path, pairs: Sequence[tuple[str, str]], contexts: Sequence[int], threads: int, repeats: int
+) -> dict[tuple[str, str], AttentionFit]:
+    """For each pair: `repeats` slope estimates (ns per position per layer), the formats interleaved.
+
+    Each pair's engine holds one sequence that grows through the contexts; at each context every
+    pair is timed `repeats` times, in an order that rotates per repeat. Repeat r's slope is the
+    least-squares line through its points at every context. An unreliable fit is measured again
+    (a fresh sequence, `repeats` more samples) up to MAX_ROUNDS rounds in all.
+    """
+    out: dict[tuple[str, str], AttentionFit] = {}
+    todo = list(pairs)
+    samples: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
+    points: dict[tuple[str, str], list[tuple[int, float]]] = {p: [] for p in pairs}
+    for _round in range(MAX_ROUNDS):
+        if not todo:
+            break
+        for group in _memory_groups(model, todo, max(contexts)):
+            _measure_group(model, group, contexts, threads, repeats, samples, points)
+        again = []
+        for p in todo:
+            est = Estimate.of(samples[p])
+            r2 = _r2([x for x, _ in points[p]], [y for _, y in points[p]])
+            problem = attention_problem(est, r2)
+            out[p] = AttentionFit(est, r2, tuple(samples[p]), problem)
+            if problem:
+                again.append(p)
+        todo = again
+    return out
+
+
+def _measure_group(
+    model: Path,
+    group: Sequence[tuple[str, str]],
+    contexts: Sequence[int],
+    threads: int,
+    repeats: int,
+    samples: dict[tuple[str, str], list[float]],
+    points: dict[tuple[str, str], list[tuple[int, float]]],
+) -> None:
+    engines = {p: Engine(model, kv_k=p[0], kv_v=p[1], threads=threads, prefix_sharing=False) for p in group}
+    seqs = {p: e.add_sequence([], generate=False) for p, e in engines.items()}
+    n_layer = next(iter(engines.values())).config["n_layer"]
+    n_ctx = next(iter(engines.values())).config["n_ctx_train"]
+    limit = n_ctx - len(contexts) * repeats * (WARMUP_STEPS + STEPS + 2) - 4  # room for every timed step
+    per_repeat: dict[tuple[str, str], list[list[tuple[int, float]]]] = {p: [[] for _ in range(repeats)] for p in group}
     for ctx in sorted({min(c, limit) for c in contexts}):
-        have = len(eng.tokens(sid))
-        if ctx > have:
-            eng.fill_kv(sid, ctx - have, seed=ctx)
-        ys.append(_decode_at(eng, [sid], token=1))
-        xs.append(len(eng.tokens(sid)))
-    slope, intercept = np.polyfit(np.array(xs, dtype=np.float64), np.array(ys), 1)
-    return max(float(slope), 0.0) / eng.config["n_layer"] * 1e9, float(intercept)
+        for p in group:
+            have = len(engines[p].tokens(seqs[p]))
+            if ctx > have:
+                engines[p].fill_kv(seqs[p], ctx - have, seed=ctx)
+        for r in range(repeats):
+            order = list(group[r % len(group) :]) + list(group[: r % len(group)])
+            for p in order:
+                y = _decode_at(engines[p], [seqs[p]], token=1)
+                per_repeat[p][r].append((len(engines[p].tokens(seqs[p])), y))
+    for p in group:
+        for pts in per_repeat[p]:
+            xs, ys = [x for x, _ in pts], [y for _, y in pts]
+            slope = float(np.polyfit(np.array(xs, dtype=np.float64), np.array(ys), 1)[0]) if len(set(xs)) > 1 else 0.0
+            samples[p].append(slope / n_layer * 1e9)
+            points[p].extend(pts)
 
 
-def measure_weight_stream(model: Path, batches: Sequence[int], threads: int) -> tuple[float, ...]:
-    """Decode-step seconds for batches of b sequences at a 16-position context, b = 1..max(batches);
-    sizes between the measured ones are interpolated."""
+def measure_weight_stream(
+    model: Path, batches: Sequence[int], threads: int, repeats: int
+) -> tuple[tuple[Estimate, ...], dict[int, tuple[float, ...]]]:
+    """Decode-step seconds for batches of b sequences at a 16-position context, b = 1..max(batches).
+
+    The measured sizes are interleaved (an order rotating per repeat), every repeat on fresh
+    16-position sequences; sizes between measured ones are interpolated. Nothing forces the curve
+    to rise: it is what was measured. Returns (an Estimate per b, {measured b: samples}).
+    """
     eng = Engine(model, kv_k="f16", kv_v="f16", threads=threads, prefix_sharing=False)
-    measured: dict[int, float] = {}
-    for b in sorted(set(batches)):
-        ids = [eng.add_sequence([], generate=False) for _ in range(b)]
-        for sid in ids:
-            eng.fill_kv(sid, 16, seed=sid)
-        measured[b] = _decode_at(eng, ids, token=1)
-        for sid in ids:
-            eng.free(sid)
-    xs = sorted(measured)
-    full = np.interp(np.arange(1, xs[-1] + 1), xs, [measured[x] for x in xs])
-    return tuple(float(t) for t in np.maximum.accumulate(full))  # a bigger batch is never faster per step
+    sizes = sorted(set(batches))
+    samples: dict[int, list[float]] = {b: [] for b in sizes}
+    for r in range(repeats):
+        for b in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
+            ids = [eng.add_sequence([], generate=False) for _ in range(b)]
+            for sid in ids:
+                eng.fill_kv(sid, 16, seed=sid)
+            samples[b].append(_decode_at(eng, ids, token=1))
+            for sid in ids:
+                eng.free(sid)
+    est = {b: Estimate.of(samples[b]) for b in sizes}
+    grid = np.arange(1, sizes[-1] + 1)
+    cols = [np.interp(grid, sizes, [getattr(est[b], f) for b in sizes]) for f in ("median", "low", "high")]
+    full = tuple(Estimate(float(m), float(lo), float(hi)) for m, lo, hi in zip(*cols, strict=True))
+    return full, {b: tuple(v) for b, v in samples.items()}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -190,6 +372,28 @@ def measure_quality(
     return out
 
 
+def _warn(message: str) -> None:
+    print(f"kvswarm: {message}", file=sys.stderr)
+
+
+def _read_cache(cache_file: Path, build: str) -> dict[str, Any] | None:
+    """The cached calibration, or None (with a one-line warning when the entry is unusable)."""
+    if not cache_file.is_file():
+        return None
+    try:
+        record = json.loads(cache_file.read_text())
+        cached = record["calibration"]
+        if not isinstance(cached, dict) or cached.get("source") != "measured":
+            raise ValueError("not a measured calibration")
+        if record.get("engine_build") != build:
+            _warn(f"calibration cache {cache_file.name} is from another engine build; measuring again")
+            return None
+        return cached
+    except (KeyError, ValueError, TypeError, OSError) as e:  # json.JSONDecodeError is a ValueError
+        _warn(f"ignoring corrupt calibration cache {cache_file} ({type(e).__name__}: {e}); measuring again")
+        return None
+
+
 def calibrate(
     model: str | Path | None = None,
     opts: CalibrationOptions | None = None,
@@ -197,42 +401,61 @@ def calibrate(
     remeasure: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measures (or loads from the cache) this machine's calibration for `model`:
-    {source, machine, weight_step_s, attn_ns, quality} (swarm.planner.Calibration.from_dict reads it)."""
+    """Measures (or loads from the cache) this machine's calibration for `model`.
+
+    Returns the dict that swarm.planner.Calibration.from_dict reads: source, machine, engine_build,
+    weight_step_s (medians, batch 1..max) and weight_step_s_interval, attn_ns (medians) and
+    attention ({pair: ns_per_position_layer, ns_per_position_layer_interval, r2, samples,
+    reliable}), quality, reliable and problems, read_bytes_per_s and the interval's definition.
+    """
     opts = opts or CalibrationOptions()
+    if opts.repeats < 3:
+        raise ValueError(f"calibration repeats must be at least 3 for an interval, got {opts.repeats}")
     path = resolve_model(model)
     say = progress or (lambda _msg: None)
+    build = engine_build()
     cache_file = cache_dir() / f"{cache_key(path, opts)}.json"
-    if cache_file.is_file() and not remeasure:
-        try:
-            cached = json.loads(cache_file.read_text())["calibration"]
-            if isinstance(cached, dict) and cached.get("source") == "measured":
-                return cached
-        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
-            say(f"ignoring unreadable calibration cache {cache_file}")
-    say(f"measuring weight-stream time for batches up to {max(opts.batches)}")
-    weight = measure_weight_stream(path, opts.batches, opts.threads)
-    attn = {}
-    for pair in opts.pairs:
-        say(f"measuring attention cost of {pair_name(pair)} at contexts {', '.join(map(str, opts.contexts))}")
-        attn[pair_name(pair)] = measure_attention(path, pair, opts.contexts, opts.threads)[0]
+    if not remeasure:
+        cached = _read_cache(cache_file, build)
+        if cached is not None:
+            return cached
+    say(f"measuring weight-stream time for batches {', '.join(map(str, opts.batches))} x {opts.repeats} repeats")
+    weight, _ = measure_weight_stream(path, opts.batches, opts.threads, opts.repeats)
+    names = ", ".join(pair_name(p) for p in opts.pairs)
+    say(f"measuring attention cost of {names} at contexts {', '.join(map(str, opts.contexts))}, interleaved")
+    fits = measure_attention(path, opts.pairs, opts.contexts, opts.threads, opts.repeats)
     say(f"measuring quality of {len(opts.pairs)} formats against f32 over {opts.quality_tokens} tokens")
     quality = measure_quality(path, opts.pairs, opts.quality_tokens, opts.threads)
+    problems = [f"{pair_name(p)}: {f.problem} after {MAX_ROUNDS} rounds" for p, f in fits.items() if f.problem]
+    bad_weight = [b + 1 for b, e in enumerate(weight) if not e.median > 0]
+    if bad_weight:
+        problems.append(f"weight step: non-positive time at batches {bad_weight}")
     cal = {
         "source": "measured",
         "machine": machine_id(),
-        "weight_step_s": list(weight),
-        "attn_ns": attn,
+        "engine_build": build,
+        "interval": INTERVAL,
+        "repeats": opts.repeats,
+        "weight_step_s": [e.median for e in weight],
+        "weight_step_s_interval": [[e.low, e.high] for e in weight],
+        "attn_ns": {pair_name(p): f.estimate.median for p, f in fits.items()},
+        "attention": {pair_name(p): f.to_dict() for p, f in fits.items()},
         "quality": quality,
+        "reliable": not problems,
+        "problems": problems,
+        "read_bytes_per_s": float(_native.measure_read_bandwidth(opts.threads, 1 << 28, 3)),
     }
+    for msg in problems:
+        _warn(f"unreliable calibration: {msg}; plans for this host will use its bandwidth instead")
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "model": str(path),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine_build": build,
         "options": dataclasses.asdict(opts),
         "calibration": cal,
     }
-    tmp = cache_file.with_suffix(".tmp")
+    tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(cache_file)
     return cal

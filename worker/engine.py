@@ -17,6 +17,7 @@ import numpy as np
 
 from worker import _native
 from worker.models import resolve_model
+from worker.stops import StopScanner
 from worker.tokenizer import Tokenizer
 
 KV_FORMATS = ("f32", "f16", "q8_0", "q8_head", "q4_0")
@@ -220,6 +221,7 @@ class Engine:
         reason = "max_tokens"
         t_first = t0
         emitted = 0  # characters of `text` already yielded; the rest may start a stop string
+        scanner = StopScanner(stop)  # fed exactly the text, in order
         try:
             while max_tokens > 0:
                 produced = self.step()
@@ -228,8 +230,9 @@ class Engine:
                     if not out:
                         t_first = time.perf_counter()
                     out.append(tok)
-                    text += decoder.push(tok)
-                    hit = find_stop(text, stop)
+                    piece = decoder.push(tok)
+                    text += piece
+                    hit = scanner.feed(piece)
                     if hit is not None:
                         text = text[:hit]
                         if hit > emitted:
@@ -238,7 +241,7 @@ class Engine:
                         reason = "stop_string"
                         self.finish(seq)
                         break
-                    safe = len(text) - held_back(text, stop)
+                    safe = len(text) - scanner.held
                     yield tok, text[emitted:safe]
                     emitted = safe
                 info = self.info(seq)
@@ -269,23 +272,6 @@ class Engine:
                 next(it)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-
-
-def find_stop(text: str, stop: Sequence[str]) -> int | None:
-    """Index of the earliest stop string in text, or None."""
-    hits = [i for s in stop if s and (i := text.find(s)) >= 0]
-    return min(hits) if hits else None
-
-
-def held_back(text: str, stop: Sequence[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def isa_levels() -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from pathlib import Path
 
@@ -42,3 +43,22 @@ def resolve_model(model: str | Path | None) -> Path:
     if not path.is_file():
         raise ModelNotFoundError(f"model file '{path}' does not exist. To fix: pass the path of a GGUF file")
     return path
+
+
+MAX_SERVED_MODELS = 1024  # files listed from a models directory (a directory of more is cut at this many)
+
+
+def served_models(models_dir: str | Path | None) -> dict[str, Path]:
+    """{name a client may give as model.path: file} for `swarm serve`: the default model, and every *.gguf
+    file under `models_dir` (named by its path relative to it; a link that leads outside it is skipped).
+    A client never names any other path, so no request can learn whether a path exists."""
+    out: dict[str, Path] = {}
+    with contextlib.suppress(ModelNotFoundError):
+        out["default"] = default_model_path()
+    if models_dir is not None:
+        root = Path(models_dir).resolve()
+        for path in sorted(root.rglob("*.gguf"))[:MAX_SERVED_MODELS]:
+            real = path.resolve()
+            if real.is_file() and real.is_relative_to(root):
+                out[path.relative_to(root).as_posix()] = real
+    return out

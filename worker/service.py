@@ -11,7 +11,9 @@ every session's new tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections import deque
@@ -56,6 +58,7 @@ class _Session:
     active: bool = False  # a turn is being prefilled or generated
     done_unreported: bool = False
     reason: str = ""
+    error: str = ""  # why the turn failed (reason "error"); the session's KV is freed
     first_token_s: float | None = None  # seconds from admission to this turn's first token
     admitted_at: float = 0.0
 
@@ -106,8 +109,7 @@ class EngineWorker:
             CalibrationOptions.quick(s.threads) if s.calibration == "quick" else CalibrationOptions(threads=s.threads)
         )
         cal = calibrate(self.engine.model_path, opts)
-        return {"source": cal["source"], "device": s.device, "machine": cal["machine"],
-                "weight_step_s": cal["weight_step_s"], "attn_ns": cal["attn_ns"]}  # fmt: skip
+        return {**cal, "device": s.device}  # swarm.planner.Calibration.from_dict reads it
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, session: str, turn: int, tokens: list[int], sampling: dict[str, Any], fresh: bool) -> None:
@@ -130,7 +132,7 @@ class EngineWorker:
             st = self._sessions.get(session)
             if st is not None and (st.active or st.queued):
                 raise SessionError(f"session {session!r} already has turn {st.turn} running; wait for it to finish")
-            if st is None and not fresh:
+            if (st is None or st.seq < 0) and not fresh:
                 raise SessionError(f"session {session!r} is not on worker {self.spec.name}; resend with its history")
             self._pending.append((session, turn, list(tokens), sp, fresh))
             if st is not None:
@@ -145,6 +147,7 @@ class EngineWorker:
                 if st.new_tokens or st.done_unreported:
                     out[name] = {"turn": st.turn, "tokens": st.new_tokens, "done": st.done_unreported,
                                  "reason": st.reason if st.done_unreported else "",
+                                 "error": st.error if st.done_unreported else "",
                                  "first_token_s": st.first_token_s}  # fmt: skip
                     st.new_tokens = []
                     st.done_unreported = False
@@ -183,6 +186,7 @@ class EngineWorker:
             active = sum(1 for st in self._sessions.values() if st.active or st.queued)
             return {
                 "worker": self.spec.name,
+                "pid": os.getpid(),  # the process to signal in drills
                 "kind": self.spec.kind,
                 "device": self.spec.device,
                 "kv_k": self.spec.kv_k,
@@ -230,21 +234,43 @@ class EngineWorker:
             self._window.popleft()
 
     def _admit(self) -> None:
+        """Starts the submitted turns. One the engine refuses (bad sampling, a prompt past the context, no KV
+        left) fails alone: its session reports done with reason "error" and the others go on."""
         while self._pending:
             name, turn, tokens, sp, fresh = self._pending.popleft()
             st = self._sessions.get(name)
-            if fresh and st is not None:
-                self._by_seq.pop(st.seq, None)
-                self.engine.free(st.seq)
-                st = None
-            if st is None:
-                seq = self.engine.add_sequence(tokens, sp)
-                st = self._sessions[name] = _Session(seq=seq)
-                self._by_seq[seq] = name
-            else:
-                self.engine.append(st.seq, tokens, sp)
-            st.turn, st.active, st.queued, st.reason = turn, True, False, ""
+            try:
+                if fresh and st is not None:
+                    self._drop_seq(st)
+                if st is None or st.seq < 0:
+                    seq = self.engine.add_sequence(tokens, sp)
+                    st = self._sessions.setdefault(name, _Session(seq=seq))
+                    st.seq = seq
+                    self._by_seq[seq] = name
+                else:
+                    self.engine.append(st.seq, tokens, sp)
+            except Exception as e:  # noqa: BLE001 - the engine's refusal of one turn is that turn's failure
+                st = self._sessions.setdefault(name, _Session(seq=-1))
+                st.turn = turn
+                self._fail(st, e)
+                continue
+            st.turn, st.active, st.queued, st.reason, st.error = turn, True, False, "", ""
             st.first_token_s, st.admitted_at = None, time.monotonic()
+
+    def _drop_seq(self, st: _Session) -> None:
+        """Frees a session's engine sequence (its KV); the session stays to report its turn."""
+        if st.seq >= 0:
+            self._by_seq.pop(st.seq, None)
+            self.engine.free(st.seq)
+        st.seq = -1
+
+    def _fail(self, st: _Session, e: BaseException) -> None:
+        """Ends a session's turn as failed with the engine's message and frees its KV (under self._cond)."""
+        with contextlib.suppress(Exception):  # a sequence the engine no longer knows holds no KV
+            self._drop_seq(st)
+        st.seq = -1
+        st.active, st.queued, st.done_unreported = False, False, True
+        st.reason, st.error = "error", f"{type(e).__name__}: {e}"[:500]
 
     def _loop(self) -> None:
         try:
@@ -259,7 +285,16 @@ class EngineWorker:
                     if self._stop:
                         return
                     self._admit()
-                produced = self.engine.step()
+                try:
+                    produced = self.engine.step()
+                except Exception as e:  # noqa: BLE001 - a step that raises fails the turns it ran, not the worker
+                    with self._cond:
+                        running = [st for st in self._sessions.values() if st.active]
+                        for st in running:
+                            self._fail(st, e)
+                    if not running:
+                        raise  # nothing to blame it on: the worker reports the error and is restarted
+                    continue
                 now = time.monotonic()
                 with self._cond:
                     self._steps += 1
