@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 
@@ -106,11 +107,12 @@ def main() -> None:
     started = time.time()
     for n in args.n_seq:
         for kv in args.kv:
+            load = os.getloadavg()[0]  # other tenants' work: the doc quotes it next to the figures
             eng = Engine(model, kv_k=kv, kv_v=kv, threads=args.threads, max_batch_tokens=512)
             sample = functools.partial(ours_sample, eng, n, args.prompt_len, args.n_new)
             mine, theirs = peer.cell(configs(kv, n), args.rounds, sample)
             del eng
-            cell: dict = {"n_seq": n, "kv": kv, "ours": {"samples": mine}, "peer": theirs}
+            cell: dict = {"n_seq": n, "kv": kv, "load_1min": load, "ours": {"samples": mine}, "peer": theirs}
             cell["ours"]["tokens_per_s"] = spread([s["tokens_per_s"] for s in mine])
             best = None
             for name, t in theirs.items():
@@ -123,6 +125,7 @@ def main() -> None:
                 cell["ours"]["tokens_per_s"]["median"] / theirs[best]["tokens_per_s"]["median"] if best else None
             )
             cells.append(cell)
+            peer.save()  # after every cell, so an interrupted run keeps what it measured
             row = " ".join(show(theirs[name].get("tokens_per_s")) for name in PEER_CONFIGS)
             ratio = f"{cell['ratio']:6.2f}" if best else f"{'n/a':>6}"
             print(f"{n:4d} {kv:>5} {show(cell['ours']['tokens_per_s'])} {row} {ratio} {best or 'n/a':>8}", flush=True)

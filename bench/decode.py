@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 
@@ -105,12 +106,20 @@ def main() -> None:
     started = time.time()
     for d in args.depths:
         for kv in args.kv:
+            load = os.getloadavg()[0]  # other tenants' work: the doc quotes it next to the figures
             eng = Engine(model, kv_k=kv, kv_v=kv, threads=args.threads, max_batch_tokens=PREFILL_LEN)
             mem = eng.memory()
             step_bytes = mem["weight_bytes"] + (max(d, 1) + 1) * mem["bytes_per_token"]
             mine, theirs = peer.cell(configs(kv, d), args.rounds, functools.partial(ours_sample, eng, d, args.n_decode))
             del eng
-            cell: dict = {"depth": d, "kv": kv, "step_bytes": step_bytes, "ours": {"samples": mine}, "peer": theirs}
+            cell: dict = {
+                "depth": d,
+                "kv": kv,
+                "load_1min": load,
+                "step_bytes": step_bytes,
+                "ours": {"samples": mine},
+                "peer": theirs,
+            }
             for metric in ("tokens_per_s", "prefill_tokens_per_s"):
                 cell["ours"][metric] = spread([s[metric] for s in mine])
                 best = None
@@ -124,6 +133,7 @@ def main() -> None:
                     cell["ours"][metric]["median"] / theirs[best][metric]["median"] if best else None
                 )
             cells.append(cell)
+            peer.save()  # after every cell, so an interrupted run keeps what it measured
             best = cell["best_peer_tokens_per_s"]
             limit = bandwidth / step_bytes
             ratio = f"{cell['ratio_tokens_per_s']:6.2f}" if best else f"{'n/a':>6}"

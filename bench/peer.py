@@ -101,7 +101,9 @@ class Peer:
             if hit is not None and ("error" in hit or len(hit["samples"]) >= rounds):
                 theirs[name] = {**hit, "samples": hit.get("samples", [])[:rounds], "cached": True}
                 continue
+            t0 = time.perf_counter()
             r = self.ask({"op": "open", "id": name, "model": str(self.model), **cfg})
+            print(f"#   llama.cpp {name}: filled in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             if "error" in r:
                 theirs[name] = {"key": key, "error": r["error"], "cached": False}
             else:

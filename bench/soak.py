@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -142,10 +143,28 @@ class ServerProcess:
 
 
 def rss_by_role(server_pid: int) -> dict[str, int]:
-    """Resident bytes summed per role: the server (the swarm driver), engine workers, Ray's own processes."""
-    out: Counter[str] = Counter()
+    """Resident bytes summed per role over the server's process tree (its Ray and engine workers descend from
+    it; other programs on the machine are not counted): the server (the swarm driver), engine workers, Ray."""
+    parent: dict[int, int] = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if pid.isdigit():
+            try:
+                parent[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):  # depth bound: the tree is a few levels deep
+            if pid == server_pid:
+                return True
+            if pid not in parent or pid <= 1:
+                return False
+            pid = parent[pid]
+        return False
+
+    out: Counter[str] = Counter()
+    for pid in parent:
+        if not ours(pid):
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -153,13 +172,13 @@ def rss_by_role(server_pid: int) -> dict[str, int]:
                        if ln.startswith("VmRSS:"))  # fmt: skip
         except (OSError, StopIteration):
             continue
-        if int(pid) == server_pid:
+        if pid == server_pid:
             out["driver+server"] += rss
         elif "MeteredEngineWorker" in cmd:
             out["engine workers"] += rss
             out["engine worker processes"] += 1
             out["largest engine worker"] = max(out["largest engine worker"], rss)
-        elif any(k in cmd for k in ("raylet", "gcs_server", "dashboard", "ray/_private", "runtime_env")):
+        else:
             out["ray"] += rss
     return dict(out)
 
@@ -180,6 +199,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--serve", nargs=2, metavar=("OUT", "PORT"), help=argparse.SUPPRESS)  # the server child
     args = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack (a stuck soak)
     if args.serve:
         run_server(Path(args.serve[0]), int(args.serve[1]))
         return

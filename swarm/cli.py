@@ -17,7 +17,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-KV_CHOICES = ("f32", "f16", "q8_0", "q8_head", "q4_0")
+from swarm.cli_engine import cmd_calibrate, cmd_generate
+from worker.formats import KV_FORMATS as KV_CHOICES
+from worker.settings import DEFAULT_ENGINE
 
 
 def _positive_int(text: str) -> int:
@@ -45,14 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", default=None, help="system message (with --chat)")
-    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--threads", type=int, default=DEFAULT_ENGINE.threads)
     g.add_argument("--json", action="store_true", help="print prompt and generated token ids as JSON")
 
     c = sub.add_parser("calibrate", help="measure each KV format's cost and quality on this machine")
     c.add_argument("--model", default=None, help="GGUF file (default: SmolLM2-135M-Instruct)")
     c.add_argument("--quick", action="store_true", help="diagonal formats, fewer points (seconds, not minutes)")
     c.add_argument("--remeasure", action="store_true", help="ignore the cached table and measure again")
-    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--threads", type=int, default=DEFAULT_ENGINE.threads)
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
 
     pl = sub.add_parser("plan", help="plan a swarm: each worker's KV format and agents, with the reasons")
@@ -90,17 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tls-cert", default=None, help="PEM certificate (with --tls-key: serve TLS)")
     sv.add_argument("--tls-key", default=None, help="PEM private key")
     sv.add_argument("--out", default="runs", help="where swarms write transcripts")
-    sv.add_argument("--models-dir", default=None,
-                    help="GGUF files clients may name as model.path (by path under it); default: only the default "
-                    "model")  # fmt: skip
+    sv.add_argument(
+        "--models-dir",
+        default=None,
+        help="GGUF files clients may name as model.path (by path under it); default: only the default model",
+    )
     sv.add_argument("--tokens-file", default=None, help=TOKENS_FILE_HELP)
 
     tk = sub.add_parser("token", help="API tokens with roles: create, revoke, list")
     tks = tk.add_subparsers(dest="token_command", required=True)
     tc = tks.add_parser("create", help="print a new token (only its sha256 is stored)")
-    tc.add_argument("--role", required=True, choices=("admin", "submit", "read"),
-                    help="admin: launch, stop, plan and everything; submit: jobs and cancel, plus reads; "
-                    "read: get, list, watch")  # fmt: skip
+    tc.add_argument(
+        "--role",
+        required=True,
+        choices=("admin", "submit", "read"),
+        help="admin: launch, stop, plan and everything; submit: jobs and cancel, plus reads; read: get, list, watch",
+    )
     tc.add_argument("--name", default=None, help="a name for the token (default: ROLE-<id>)")
     tr = tks.add_parser("revoke", help="remove a token; the server refuses it from its next call")
     tr.add_argument("name_or_prefix", help="the token's name, the start of its id (`swarm token list`) or the token")
@@ -108,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     for t in (tc, tr, tks.choices["list"]):
         t.add_argument("--tokens-file", default=None, help=TOKENS_FILE_HELP)
 
-    for name, help_ in (("submit", "submit a job and stream its tokens"), ("jobs", "list jobs"),
-                        ("cancel", "cancel a job")):  # fmt: skip
+    for name, help_ in (
+        ("submit", "submit a job and stream its tokens"),
+        ("jobs", "list jobs"),
+        ("cancel", "cancel a job"),
+    ):
         c = sub.add_parser(name, help=help_)
         c.add_argument("--server", default=None, help="HOST:PORT (default: $KVSWARM_SERVER or 127.0.0.1:50051)")
         c.add_argument("--token", default=None, help=f"bearer token (default: $KVSWARM_TOKEN or {TOKEN_FILE})")
@@ -193,10 +203,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
     conn = scheduler.connect(args.address, kv_bytes=available_memory())
     print(f"Ray: {conn.address}  dashboard: {conn.dashboard_url or '(not running)'}")
-    server = serve(conn=conn, host=args.host, port=args.port, token=token, tls=tls, out_root=Path(args.out),
-                   tokens_file=auth.tokens_file(args.tokens_file), models_dir=args.models_dir)  # fmt: skip
-    print(f"kvswarm API on {server.target} ({'TLS' if tls else 'plaintext'}, "
-          f"{'bearer token required' if token else 'NO AUTH'})", flush=True)  # fmt: skip
+    server = serve(
+        conn=conn,
+        host=args.host,
+        port=args.port,
+        token=token,
+        tls=tls,
+        out_root=Path(args.out),
+        tokens_file=auth.tokens_file(args.tokens_file),
+        models_dir=args.models_dir,
+    )
+    print(
+        f"kvswarm API on {server.target} ({'TLS' if tls else 'plaintext'}, "
+        f"{'bearer token required' if token else 'NO AUTH'})",
+        flush=True,
+    )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: done.set())
     signal.signal(signal.SIGINT, lambda *a: done.set())
@@ -222,8 +243,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.token_command == "create":
         token, rec = auth.create_token(path, args.role, args.name)
         print(token)
-        print(f"token {rec.name!r} ({rec.role}, id {rec.id}) recorded in {path}; it is shown only now",
-              file=sys.stderr)  # fmt: skip
+        print(f"token {rec.name!r} ({rec.role}, id {rec.id}) recorded in {path}; it is shown only now", file=sys.stderr)
     elif args.token_command == "revoke":
         for rec in auth.revoke_tokens(path, args.name_or_prefix):
             print(f"revoked {rec.name!r} ({rec.role}, id {rec.id}); the server refuses it from its next call")
@@ -242,9 +262,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     sampling = {"temperature": args.temperature} if args.temperature is not None else None
     with _client(args) as c:
         jobs = c.submit(
-            args.swarm, agent=args.agent, group=args.group, new_agent=args.new_agent, messages=msgs,
-            max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, idempotency_key=args.key,
-        )  # fmt: skip
+            args.swarm,
+            agent=args.agent,
+            group=args.group,
+            new_agent=args.new_agent,
+            messages=msgs,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            stop=args.stop,
+            idempotency_key=args.key,
+        )
         if args.no_wait:
             for j in jobs:
                 print(j.id, j.agent)
@@ -261,8 +288,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print()
             if last is not None:
                 where = f"{last.agent} on {last.worker} ({last.kv_format})"
-                print(f"[{where}: {last.tokens} tokens, {last.finish_reason}, first token "
-                      f"{last.time_to_first_token_s:.2f} s, {last.duration_s:.2f} s]", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[{where}: {last.tokens} tokens, {last.finish_reason}, first token "
+                    f"{last.time_to_first_token_s:.2f} s, {last.duration_s:.2f} s]",
+                    file=sys.stderr,
+                )
     return 0
 
 
@@ -290,8 +320,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     live = not args.no_live and sys.stdout.isatty()
-    summary = launch(cfg, address=args.address, keep=args.keep, out_dir=Path(args.out) if args.out else None,
-                     live=live, timeout_s=args.timeout)  # fmt: skip
+    summary = launch(
+        cfg,
+        address=args.address,
+        keep=args.keep,
+        out_dir=Path(args.out) if args.out else None,
+        live=live,
+        timeout_s=args.timeout,
+    )
     unfinished = [n for n, a in summary["agents"].items() if a["finish"] != "done"]
     if unfinished:
         print(f"agents cut short at their context: {', '.join(unfinished)}", file=sys.stderr)
@@ -324,122 +360,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{name:<22}{s}")
             continue
         kv = f"{s['kv_bytes_used'] / 2**20:.1f} / {s['kv_budget_bytes'] / 2**20:.1f} MiB"
-        print(f"{name:<22}{s['device']:<16}{s['kv_format']:<11}{len(s['sessions']):>7}{kv:>22}"
-              f"{s['tokens_per_s']:>8.0f}  {nodes.get(name, '?')[:12]}")  # fmt: skip
+        print(
+            f"{name:<22}{s['device']:<16}{s['kv_format']:<11}{len(s['sessions']):>7}{kv:>22}"
+            f"{s['tokens_per_s']:>8.0f}  {nodes.get(name, '?')[:12]}"
+        )
     for g in where["placement_groups"]:
         if " kv" in g["name"]:
             held = ", ".join(f"{b['label']}@{(b['node_id'] or '?')[:8]}" for b in g["bundles"])
             print(f"  {g['name'].split(': ')[0]}: {held}")
     return 0
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    # Imported here so `swarm --help` works without the compiled engine.
-    from worker.engine import Engine, Sampling
-
-    engine = Engine(args.model, kv_k=args.kv_k, kv_v=args.kv_v, threads=args.threads)
-    sampling = Sampling(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-    )
-    stream = engine.stream(
-        args.prompt,
-        max_tokens=args.max_tokens,
-        sampling=sampling,
-        stop=args.stop,
-        chat=args.chat,
-        system=args.system,
-    )
-    while True:
-        try:
-            _, piece = next(stream)
-        except StopIteration as done:
-            result = done.value
-            break
-        if not args.json:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "prompt": args.prompt,
-                    "prompt_ids": result.prompt_ids,
-                    "generated_ids": result.token_ids,
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "kv_k": args.kv_k,
-                    "kv_v": args.kv_v,
-                    "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
-                }
-            )
-        )
-    else:
-        sys.stdout.write("\n")
-        print(
-            f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated, "
-            f"prefill {result.prefill_s * 1000:.0f} ms, decode {result.decode_tokens_per_s:.1f} tokens/s, "
-            f"KV {args.kv_k}/{args.kv_v}, {engine.isa}, finish: {result.finish_reason}]",
-            file=sys.stderr,
-        )
-    return 0
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from swarm.gguf_header import read_geometry
-    from swarm.planner import Calibration, parse_pair
-    from worker.calibrate import CalibrationOptions, calibrate
-    from worker.models import resolve_model
-
-    path = resolve_model(args.model)
-    opts = CalibrationOptions.quick(args.threads) if args.quick else CalibrationOptions(threads=args.threads)
-    say = (lambda m: print(m, file=sys.stderr)) if not args.json else None
-    cal = Calibration.from_dict(calibrate(path, opts, remeasure=args.remeasure, progress=say))
-    if args.json:
-        print(json.dumps(cal.to_dict(), indent=2))
-        return 0
-    geom = read_geometry(path)
-    print(
-        f"{geom.name}: {geom.n_layer} layers, {geom.n_kv_head} KV heads, head_dim {geom.head_dim}; "
-        f"weights {geom.weight_stream_bytes:,} bytes per step"
-    )
-    print(f"machine: {cal.machine}")
-    print(exchange_rate_table(cal, lambda name: geom.kv_bytes_per_token(parse_pair(name))))
-    return 0
-
-
-def exchange_rate_table(cal, bytes_per_token) -> str:  # type: ignore[no-untyped-def]
-    """Bytes and cost per cached position for each format (median and interval), relative to f16."""
-    base_b = bytes_per_token("f16")
-    base_c = cal.attn_ns.get("f16")
-    head = (
-        f"{'K/V':<16} {'bytes/pos':>10} {'vs f16':>7} {'ns/pos/layer':>13} {'interval':>15} {'vs f16':>7} "
-        f"{'KL vs f32':>10} {'top-1':>6}"
-    )
-    rows = [head, "-" * len(head)]
-    for name, ns in sorted(cal.attn_ns.items(), key=lambda kv: (-bytes_per_token(kv[0]), kv[0])):
-        b = bytes_per_token(name)
-        q = cal.quality.get(name)
-        lo, hi = cal.attn_ns_interval.get(name, (ns, ns))
-        rel = f"{ns / base_c:.2f}x" if base_c else "-"
-        kl = f"{q.mean_kl:.2e}" if q else "-"
-        top1 = f"{q.top1:.3f}" if q else "-"
-        span = f"{lo:.1f}-{hi:.1f}"
-        rows.append(f"{name:<16} {b:>10,} {b / base_b:>6.2f}x {ns:>13.1f} {span:>15} {rel:>7} {kl:>10} {top1:>6}")
-    w = cal.weight_step_s
-    sizes = sorted(b for b in {1, 2, 4, 8, 16, len(w)} if b <= len(w))
-    rows.append("")
-    rows.append("decode step at tiny context (weight stream): " + ", ".join(
-        f"batch {b} {w[b - 1] * 1e3:.2f} ms ({cal.weight_time_interval(b)[0] * 1e3:.2f}-"
-        f"{cal.weight_time_interval(b)[1] * 1e3:.2f})" for b in sizes))  # fmt: skip
-    rows.append("medians of the repeats; intervals: the repeats' interquartile range")
-    if not cal.reliable:
-        rows.append("UNRELIABLE (plans for this host use its measured bandwidth instead):")
-        rows.extend(f"  {p}" for p in cal.problems)
-    return "\n".join(rows)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -467,21 +396,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from swarm.errors import SwarmError
 
     args = build_parser().parse_args(argv)
+    local = {
+        "generate": cmd_generate,
+        "calibrate": cmd_calibrate,
+        "plan": cmd_plan,
+        "launch": cmd_launch,
+        "status": cmd_status,
+        "serve": cmd_serve,
+        "token": cmd_token,
+    }
     try:
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
-        if args.command == "plan":
-            return cmd_plan(args)
-        if args.command == "launch":
-            return cmd_launch(args)
-        if args.command == "status":
-            return cmd_status(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        if args.command == "token":
-            return cmd_token(args)
+        if args.command in local:
+            return local[args.command](args)
         if args.command in ("submit", "jobs", "cancel"):
             import grpc
 

@@ -40,7 +40,7 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.jobs import Job
-from swarm.planning import PlanInputs, available_memory, plan_inputs
+from swarm.planning import PlanInputs, available_memory, plan_inputs, trusted_calibration
 from swarm.store import Store
 from worker.service import WorkerSpec
 
@@ -599,8 +599,8 @@ class SwarmRun:
                 continue
             cal = planner.Calibration.from_dict(prof)
             cal = dataclasses.replace(cal, quality=cal.quality or self.inputs.quality)
-            if not cal.reliable:
-                continue  # planned from the catalog's bandwidth, as it was before the worker measured
+            # an unreliable measurement is planned from the node's measured bandwidth, and says so
+            cal = trusted_calibration(cal, self.inputs.geometry, self.inputs.policy.formats)
             self.devices[w] = dataclasses.replace(d, calibration=cal)
             changed.append(w)
         if changed:

@@ -109,7 +109,9 @@ def plan_inputs(
     quality: dict[str, planner.Quality] = {}
     for i, w in enumerate(cfg.workers):
         if w.kind == "local" and w.calibration_file:
-            cal = _trusted(read_calibration_file(w.calibration_file, f"workers[{i}].calibration_file"), geom, pairs)
+            cal = trusted_calibration(
+                read_calibration_file(w.calibration_file, f"workers[{i}].calibration_file"), geom, pairs
+            )
             quality = quality or cal.quality
             usable = min(w.memory or available_memory(), available_memory())
             devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
@@ -128,7 +130,7 @@ def plan_inputs(
                     opts = CalibrationOptions.quick(threads) if mode == "quick" else CalibrationOptions(threads=threads)
                     return measure(p, opts, progress=progress)
 
-            cal = _trusted(
+            cal = trusted_calibration(
                 planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads)), geom, pairs
             )
             quality = quality or cal.quality
@@ -158,7 +160,7 @@ def plan_inputs(
 _HOST_BANDWIDTH_EFFICIENCY = 0.7
 
 
-def _trusted(cal: planner.Calibration, geom: planner.ModelGeometry, pairs: tuple) -> planner.Calibration:
+def trusted_calibration(cal: planner.Calibration, geom: planner.ModelGeometry, pairs: tuple) -> planner.Calibration:
     """A measured calibration, or, when it stayed unreliable, a bandwidth prediction that says so."""
     if cal.reliable:
         return cal

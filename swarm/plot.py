@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from swarm.planner import Plan, pair_name
+from swarm.planner import Plan
 from swarm.planning import PlanInputs
+from worker.formats import pair_name
 
 
 def plot_memory(plan: Plan, inp: PlanInputs, out: str | Path) -> None:

@@ -547,9 +547,12 @@ def _gather(refs: list[Any], handles: list[WorkerHandle], timeout_s: float = CAL
 
 def placement(swarm: str | None = None, timeout_s: int = 30) -> dict[str, Any]:
     """Live workers and KV bundles of kvswarm swarms, from Ray's state API."""
-    actors = ray_state.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, timeout=timeout_s, detail=True)
-    pgs = ray_state.list_placement_groups(filters=[("state", "=", "CREATED")], limit=10_000, timeout=timeout_s,
-                                          detail=True)  # fmt: skip
+    # This process's Ray, by address: found by a scan, another Ray on the machine makes the call ambiguous.
+    addr = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    actors = ray_state.list_actors(address=addr, filters=[("state", "=", "ALIVE")], limit=10_000, timeout=timeout_s,
+                                   detail=True)  # fmt: skip
+    pgs = ray_state.list_placement_groups(address=addr, filters=[("state", "=", "CREATED")], limit=10_000,
+                                          timeout=timeout_s, detail=True)  # fmt: skip
     workers = {}
     for a in actors:
         if a.class_name.endswith("EngineWorker") and a.name and (swarm is None or a.name.startswith(f"{swarm}.")):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,11 +13,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import refmodel  # noqa: E402
 
+from worker import formats  # noqa: E402
 from worker.engine import isa_levels  # noqa: E402
 from worker.models import default_model_path  # noqa: E402
 
+# Session-scoped fixtures (Ray clusters, servers) start before any test's own cache below: give them an
+# empty cache too, never the user's ~/.cache/kvswarm (which `make demo` fills).
+os.environ["KVSWARM_CACHE"] = tempfile.mkdtemp(prefix="kvswarm-cache-session-")
+
 WEIGHT_TYPES = list(refmodel.WEIGHT_TYPES)
-KV_FORMATS = ["f32", "f16", "q8_0", "q8_head", "q4_0"]
+KV_FORMATS = list(formats.KV_FORMATS)  # as a list for parametrize ids
 ISA_LEVELS = isa_levels()
 
 

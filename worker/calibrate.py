@@ -43,8 +43,14 @@ from typing import Any
 import numpy as np
 
 from worker import _native
-from worker.engine import KV_FORMATS, Engine, Sampling
+from worker.calibrate_stats import INTERVAL, AttentionFit, Estimate, attention_problem
+from worker.calibrate_stats import MIN_R2 as MIN_R2  # re-exported: tests read the threshold here
+from worker.calibrate_stats import pooled_r2 as _r2
+from worker.engine import Engine
+from worker.formats import KV_FORMATS, all_pairs, kv_row_bytes, pair_name
 from worker.models import resolve_model
+from worker.sampling import Sampling
+from worker.settings import DEFAULT_ENGINE
 
 CALIBRATION_TEXT = Path(__file__).parent / "data" / "calibration.txt"
 # Positions at which attention cost is sampled; a line through them gives the per-position cost.
@@ -58,11 +64,6 @@ DEFAULT_REPEATS, QUICK_REPEATS = 7, 5
 # Decode steps timed per point (after WARMUP_STEPS untimed ones); their median is one sample.
 STEPS, WARMUP_STEPS = 5, 1
 QUALITY_TOKENS, QUICK_QUALITY_TOKENS = 320, 96
-INTERVAL = "interquartile range (25th-75th percentile) of the per-repeat estimates"
-# A line through the pooled (context, step time) points must explain at least this share of their
-# variance; below it the slope is mostly noise. The 1k-8k span of the default model moves a step by
-# 2-10x its weight-stream time, so an honest fit clears 0.5 easily on a quiet machine.
-MIN_R2 = 0.5
 # Rounds of repeats for an unreliable fit before it is flagged (the first round plus re-measurements).
 MAX_ROUNDS = 3
 # Share of MemAvailable the KV of the formats measured side by side may take (formats beyond it are
@@ -71,25 +72,17 @@ _MEMORY_SHARE = 0.25
 CACHE_VERSION = 2
 
 
-def all_pairs() -> tuple[tuple[str, str], ...]:
-    return tuple((k, v) for k in KV_FORMATS for v in KV_FORMATS)
-
-
-def pair_name(pair: tuple[str, str]) -> str:
-    return pair[0] if pair[0] == pair[1] else f"{pair[0]}/{pair[1]}"
-
-
 @dataclasses.dataclass(frozen=True)
 class CalibrationOptions:
     pairs: tuple[tuple[str, str], ...] = all_pairs()
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     batches: tuple[int, ...] = DEFAULT_BATCHES
     quality_tokens: int = QUALITY_TOKENS
-    threads: int = 2
+    threads: int = DEFAULT_ENGINE.threads
     repeats: int = DEFAULT_REPEATS
 
     @staticmethod
-    def quick(threads: int = 2) -> CalibrationOptions:
+    def quick(threads: int = DEFAULT_ENGINE.threads) -> CalibrationOptions:
         """Diagonal formats, two contexts, three batch sizes: seconds, for tests and demos."""
         return CalibrationOptions(
             pairs=tuple((f, f) for f in KV_FORMATS),
@@ -136,45 +129,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KVSWARM_CACHE", Path.home() / ".cache" / "kvswarm")) / "calibration"
 
 
-# -- statistics ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """The median of repeated estimates and their interquartile range."""
-
-    median: float
-    low: float
-    high: float
-
-    @staticmethod
-    def of(samples: Sequence[float]) -> Estimate:
-        a = np.asarray(samples, dtype=np.float64)
-        lo, med, hi = np.percentile(a, [25, 50, 75])
-        return Estimate(float(med), float(lo), float(hi))
-
-
-def _r2(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Share of the variance of ys that a least-squares line in xs explains (pooled over repeats)."""
-    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-    if len(set(x.tolist())) < 2 or np.var(y) == 0:
-        return 0.0
-    slope, icpt = np.polyfit(x, y, 1)
-    resid = y - (slope * x + icpt)
-    return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))
-
-
-def attention_problem(est: Estimate, r2: float) -> str | None:
-    """Why a fitted attention cost cannot be trusted, or None."""
-    if est.median <= 0:
-        return f"negative slope (median {est.median:.1f} ns)"
-    if est.low <= 0:
-        return f"interval reaches zero ({est.low:.1f}..{est.high:.1f} ns)"
-    if r2 < MIN_R2:
-        return f"poor fit (R^2 {r2:.2f} < {MIN_R2})"
-    return None
-
-
 # -- timing --------------------------------------------------------------------------
 
 
@@ -205,24 +159,6 @@ def _decode_at(eng: Engine, ids: Sequence[int], token: int) -> float:
     return t
 
 
-@dataclasses.dataclass(frozen=True)
-class AttentionFit:
-    estimate: Estimate  # ns per position per layer
-    r2: float
-    samples: tuple[float, ...]
-    problem: str | None  # None: reliable
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ns_per_position_layer": self.estimate.median,
-            "ns_per_position_layer_interval": [self.estimate.low, self.estimate.high],
-            "r2": self.r2,
-            "samples": list(self.samples),
-            "reliable": self.problem is None,
-            **({"problem": self.problem} if self.problem else {}),
-        }
-
-
 def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) -> list[list[tuple[str, str]]]:
     """Splits the pairs into groups whose KV at max_ctx fits in _MEMORY_SHARE of available memory
     (on a big host: one group, every format interleaved with every other)."""
@@ -232,10 +168,7 @@ def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) 
     used = 0
     for k, v in pairs:
         need = (
-            max_ctx
-            * c["n_layer"]
-            * c["n_head_kv"]
-            * (_native.kv_row_bytes(k, c["head_dim"]) + _native.kv_row_bytes(v, c["head_dim"]))
+            max_ctx * c["n_layer"] * c["n_head_kv"] * (kv_row_bytes(k, c["head_dim"]) + kv_row_bytes(v, c["head_dim"]))
         )
         if groups[-1] and used + need > budget:
             groups.append([])

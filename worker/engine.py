@@ -1,7 +1,10 @@
 """Python face of the native engine: sequences, steps, text generation.
 
 This module (with the rest of `worker/`) is the only place that imports the
-compiled `worker._native` module.
+compiled `worker._native` module. The pure vocabulary it speaks lives in the
+dependency-free floor beside it: `worker.formats` (KV formats, pair names),
+`worker.sampling` (`Sampling`), `worker.settings` (`EngineSettings`, the
+defaults below) and `worker.stops` (the stop-string scanner).
 """
 
 from __future__ import annotations
@@ -16,38 +19,21 @@ from typing import Any
 import numpy as np
 
 from worker import _native
+from worker.formats import KV_FORMATS
 from worker.models import resolve_model
+from worker.sampling import Sampling
+from worker.settings import DEFAULT_ENGINE
 from worker.stops import StopScanner
 from worker.tokenizer import Tokenizer
 
-KV_FORMATS = ("f32", "f16", "q8_0", "q8_head", "q4_0")
 KvBudgetError = _native.KvBudgetError
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How a sequence picks its next token. temperature 0 is greedy."""
-
-    temperature: float = 0.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    repetition_penalty: float = 1.0  # 1: off
-    repeat_last_n: int = 64
-    seed: int = 0
-    max_new_tokens: int = -1  # per turn; -1: until a stop token or the context ends
-    stop_tokens: tuple[int, ...] = ()
-
-    def native(self) -> Any:
-        return _native.SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            repeat_last_n=self.repeat_last_n,
-            seed=self.seed,
-            max_new_tokens=self.max_new_tokens,
-            stop_tokens=list(self.stop_tokens),
-        )
+def native_sampling(s: Sampling) -> Any:
+    """The engine's SamplingParams for a Sampling: the same fields, by name (tests/test_formats.py)."""
+    values = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+    values["stop_tokens"] = list(s.stop_tokens)
+    return _native.SamplingParams(**values)
 
 
 @dataclass
@@ -91,9 +77,9 @@ class Engine:
         kv_k: str = "f16",
         kv_v: str = "f16",
         kv_budget_bytes: int = 0,
-        threads: int = 2,
-        block_tokens: int = 16,
-        max_batch_tokens: int = 256,
+        threads: int = DEFAULT_ENGINE.threads,
+        block_tokens: int = DEFAULT_ENGINE.block_tokens,
+        max_batch_tokens: int = DEFAULT_ENGINE.max_batch_tokens,
         isa: str = "",
         float_activations: bool = False,
         prefix_sharing: bool = True,
@@ -134,12 +120,12 @@ class Engine:
 
     # -- low level -----------------------------------------------------------
     def add_sequence(self, tokens: Sequence[int], sampling: Sampling | None = None, generate: bool = True) -> int:
-        return int(self._native.add_sequence(list(tokens), (sampling or Sampling()).native(), generate))
+        return int(self._native.add_sequence(list(tokens), native_sampling(sampling or Sampling()), generate))
 
     def append(
         self, seq_id: int, tokens: Sequence[int], sampling: Sampling | None = None, generate: bool = True
     ) -> None:
-        self._native.append(seq_id, list(tokens), (sampling or Sampling()).native(), generate)
+        self._native.append(seq_id, list(tokens), native_sampling(sampling or Sampling()), generate)
 
     def step(self) -> dict[int, int]:
         """Advance every active sequence by one token: {sequence id: sampled token}."""

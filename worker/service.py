@@ -240,18 +240,20 @@ class EngineWorker:
             name, turn, tokens, sp, fresh = self._pending.popleft()
             st = self._sessions.get(name)
             try:
-                if fresh and st is not None:
+                if fresh and st is not None:  # a new history: nothing of the old session is kept
                     self._drop_seq(st)
-                if st is None or st.seq < 0:
+                    st = None
+                if st is None:
                     seq = self.engine.add_sequence(tokens, sp)
-                    st = self._sessions.setdefault(name, _Session(seq=seq))
-                    st.seq = seq
+                    st = self._sessions[name] = _Session(seq=seq)
                     self._by_seq[seq] = name
                 else:
                     self.engine.append(st.seq, tokens, sp)
             except Exception as e:  # noqa: BLE001 - the engine's refusal of one turn is that turn's failure
-                st = self._sessions.setdefault(name, _Session(seq=-1))
-                st.turn = turn
+                if st is not None:
+                    with contextlib.suppress(Exception):
+                        self._drop_seq(st)
+                st = self._sessions[name] = _Session(seq=-1, turn=turn)  # reports the failure, holds no KV
                 self._fail(st, e)
                 continue
             st.turn, st.active, st.queued, st.reason, st.error = turn, True, False, "", ""

@@ -21,22 +21,20 @@ runs in the Hugging Face ``tokenizers`` library; this module supplies the
 pieces llama.cpp decides from the metadata: the pre-tokenizer (from
 ``tokenizer.ggml.pre``), which tokens are special (matched verbatim in the text,
 as llama.cpp does with ``parse_special=True``), BOS handling, byte-level
-detokenization and the chat template.
+detokenization and the chat template (rendered by ``worker.chat``).
 """
 
 from __future__ import annotations
 
 import codecs
-import datetime
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import tokenizers
 from tokenizers import AddedToken, Regex, models, pre_tokenizers
+
+from worker import chat
 
 __all__ = ["MetadataError", "StreamDecoder", "TokenType", "Tokenizer"]
 
@@ -355,18 +353,18 @@ class Tokenizer:
         if self._chat_template is None:
             raise ValueError("model has no tokenizer.chat_template; cannot render a chat")
         if self._compiled_template is None:
-            self._compiled_template = _compile_template(self._chat_template)
-        variables: dict[str, Any] = {
-            "bos_token": "" if self.bos_id is None else self._tokens[self.bos_id],
-            "eos_token": "" if self.eos_id is None else self._tokens[self.eos_id],
-            **extra,
-            "messages": [dict(m) for m in messages],
-            "add_generation_prompt": add_generation_prompt,
-        }
-        try:
-            return self._compiled_template.render(**variables)
-        except jinja2.TemplateError as exc:
-            raise ValueError(f"chat template failed: {exc}") from exc
+            try:
+                self._compiled_template = chat.compile_template(self._chat_template)
+            except jinja2.TemplateSyntaxError as exc:
+                raise MetadataError(f"tokenizer.chat_template is not valid jinja: {exc}") from exc
+        return chat.render(
+            self._compiled_template,
+            messages,
+            bos_token="" if self.bos_id is None else self._tokens[self.bos_id],
+            eos_token="" if self.eos_id is None else self._tokens[self.eos_id],
+            add_generation_prompt=add_generation_prompt,
+            extra=extra,
+        )
 
 
 class StreamDecoder:
@@ -426,41 +424,3 @@ def _get_list(meta: Mapping[str, Any], key: str, kind: type) -> list[Any]:
         if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
             raise MetadataError(f"GGUF metadata {key!r}[{i}] should be {kind.__name__}, got {type(v).__name__}")
     return list(value)
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # Like HF's override of jinja's tojson: no HTML escaping, keeps non-ASCII.
-    return json.dumps(
-        value,
-        ensure_ascii=ensure_ascii,
-        indent=indent,
-        separators=separators,
-        sort_keys=sort_keys,
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _compile_template(source: str) -> jinja2.Template:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise MetadataError(f"tokenizer.chat_template is not valid jinja: {exc}") from exc
