@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
 
-.PHONY: setup build demo test lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
+.PHONY: setup build demo test clang-format-tool lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -52,17 +52,30 @@ browser:
 	  else echo "note: the dashboard screenshot test will be skipped (apt-get install chromium)"; fi; \
 	fi
 
-test: build arm-tools browser
+# clang-format for the native style check (Debian package; needs root).
+clang-format-tool:
+	@if ! command -v clang-format >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-format >/dev/null; \
+	  else echo "note: the native format check will be skipped (apt-get install clang-format)"; fi; \
+	fi
+
+NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/tests/*.cpp
+
+test: build arm-tools browser clang-format-tool
 	$(VENV)/bin/ruff check swarm worker tests bench
+	$(VENV)/bin/ruff format --check swarm worker tests bench
+	@if command -v clang-format >/dev/null; then clang-format --dry-run --Werror $(NATIVE_FORMATTED); fi
 	$(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(VENV)/bin/ruff format --check swarm worker tests bench
+	clang-format --dry-run --Werror $(NATIVE_FORMATTED)
 
 format: setup
 	$(VENV)/bin/ruff format swarm worker tests bench
-	clang-format -i native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h
+	clang-format -i $(NATIVE_FORMATTED)
 
 # Side-by-side benchmarks against llama.cpp (llama-cpp-python compiles llama.cpp on first install).
 bench: build

@@ -19,10 +19,21 @@ namespace {
 
 py::object to_python(const GgufValue& v) {
   switch (v.type) {
-    case GgufType::U8: case GgufType::U16: case GgufType::U32: case GgufType::U64: return py::int_(v.u);
-    case GgufType::I8: case GgufType::I16: case GgufType::I32: case GgufType::I64: return py::int_(v.i);
-    case GgufType::F32: case GgufType::F64: return py::float_(v.f);
-    case GgufType::BOOL: return py::bool_(v.u != 0);
+    case GgufType::U8:
+    case GgufType::U16:
+    case GgufType::U32:
+    case GgufType::U64:
+      return py::int_(v.u);
+    case GgufType::I8:
+    case GgufType::I16:
+    case GgufType::I32:
+    case GgufType::I64:
+      return py::int_(v.i);
+    case GgufType::F32:
+    case GgufType::F64:
+      return py::float_(v.f);
+    case GgufType::BOOL:
+      return py::bool_(v.u != 0);
     case GgufType::STRING: {
       PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), static_cast<Py_ssize_t>(v.s.size()), "surrogateescape");
       if (s == nullptr) throw py::error_already_set();
@@ -117,27 +128,28 @@ PYBIND11_MODULE(_native, m) {
            py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false,
            py::arg("prefix_sharing") = true)
       .def_property_readonly("isa", &Engine::isa)
-      .def_property_readonly("config", [](const Engine& e) {
-        const ModelConfig& c = e.config();
-        py::dict d;
-        d["arch"] = c.arch;
-        d["n_vocab"] = c.n_vocab;
-        d["n_embd"] = c.n_embd;
-        d["n_layer"] = c.n_layer;
-        d["n_head"] = c.n_head;
-        d["n_head_kv"] = c.n_head_kv;
-        d["head_dim"] = c.head_dim;
-        d["n_ff"] = c.n_ff;
-        d["n_ctx_train"] = c.n_ctx_train;
-        d["rope_base"] = c.rope_base;
-        d["rms_eps"] = c.rms_eps;
-        d["weight_bytes"] = e.model().weight_bytes();
-        return d;
-      })
+      .def_property_readonly("config",
+                             [](const Engine& e) {
+                               const ModelConfig& c = e.config();
+                               py::dict d;
+                               d["arch"] = c.arch;
+                               d["n_vocab"] = c.n_vocab;
+                               d["n_embd"] = c.n_embd;
+                               d["n_layer"] = c.n_layer;
+                               d["n_head"] = c.n_head;
+                               d["n_head_kv"] = c.n_head_kv;
+                               d["head_dim"] = c.head_dim;
+                               d["n_ff"] = c.n_ff;
+                               d["n_ctx_train"] = c.n_ctx_train;
+                               d["rope_base"] = c.rope_base;
+                               d["rms_eps"] = c.rms_eps;
+                               d["weight_bytes"] = e.model().weight_bytes();
+                               return d;
+                             })
       .def("add_sequence", &Engine::add_sequence, py::arg("tokens"), py::arg("sampling"), py::arg("generate") = true,
            py::call_guard<py::gil_scoped_release>())
-      .def("append", &Engine::append, py::arg("id"), py::arg("tokens"), py::arg("sampling"),
-           py::arg("generate") = true, py::call_guard<py::gil_scoped_release>())
+      .def("append", &Engine::append, py::arg("id"), py::arg("tokens"), py::arg("sampling"), py::arg("generate") = true,
+           py::call_guard<py::gil_scoped_release>())
       .def("finish", &Engine::finish, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def("free", &Engine::free, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
@@ -158,7 +170,8 @@ PYBIND11_MODULE(_native, m) {
           py::arg("id"), py::arg("tokens"))
       .def("fill_kv", &Engine::fill_kv, py::arg("id"), py::arg("n"), py::arg("seed") = 0,
            py::call_guard<py::gil_scoped_release>())
-      .def("info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
+      .def(
+          "info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
       .def("sequence_ids", &Engine::sequence_ids)
       .def("tokens", &Engine::tokens, py::arg("id"))
       .def("set_kv_budget", &Engine::set_kv_budget, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
@@ -210,13 +223,12 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("path"), "Parse and validate a GGUF file; returns version, alignment, metadata and the tensor table.");
 
-  m.def("measure_read_bandwidth", &measure_read_bandwidth, py::arg("threads") = 2,
-        py::arg("bytes") = size_t{1} << 30, py::arg("repeats") = 3, py::call_guard<py::gil_scoped_release>(),
+  m.def("measure_read_bandwidth", &measure_read_bandwidth, py::arg("threads") = 2, py::arg("bytes") = size_t{1} << 30,
+        py::arg("repeats") = 3, py::call_guard<py::gil_scoped_release>(),
         "Read bandwidth in bytes/s with the engine's thread pool (bench/ uses it as the machine's limit).");
   m.def("isa_levels", &available_isa_levels, "ISA levels this machine can run, best last.");
-  m.def("kv_row_bytes", [](const std::string& fmt, int head_dim) {
-    return kv_row_bytes(kv_format_from_string(fmt), head_dim);
-  });
+  m.def("kv_row_bytes",
+        [](const std::string& fmt, int head_dim) { return kv_row_bytes(kv_format_from_string(fmt), head_dim); });
 
   // Kernel hooks for the test suite: run one kernel of one ISA level.
   m.def("_kernel_dot", [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> a,
@@ -238,20 +250,20 @@ PYBIND11_MODULE(_native, m) {
     kernels_for(level).dequant_row(it->second, bytes.data(), out.mutable_data(), n);
     return out;
   });
-  m.def("_kernel_quantize_act", [](const std::string& level,
-                                   py::array_t<float, py::array::c_style | py::array::forcecast> x) {
-    const int64_t n = x.size();
-    if (n % kQK != 0) throw std::invalid_argument("_kernel_quantize_act: length must be a multiple of 32");
-    std::vector<BlockQ8A> q(n / kQK);
-    kernels_for(level).quantize_act(x.data(), q.data(), n);
-    py::array_t<float> values(n), d(n / kQK), ds(n / kQK);
-    for (int64_t b = 0; b < n / kQK; ++b) {
-      d.mutable_data()[b] = q[b].d;
-      ds.mutable_data()[b] = q[b].ds;
-      for (int i = 0; i < kQK; ++i) values.mutable_data()[b * kQK + i] = static_cast<float>(q[b].qs[i]);
-    }
-    return py::make_tuple(values, d, ds);
-  });
+  m.def("_kernel_quantize_act",
+        [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+          const int64_t n = x.size();
+          if (n % kQK != 0) throw std::invalid_argument("_kernel_quantize_act: length must be a multiple of 32");
+          std::vector<BlockQ8A> q(n / kQK);
+          kernels_for(level).quantize_act(x.data(), q.data(), n);
+          py::array_t<float> values(n), d(n / kQK), ds(n / kQK);
+          for (int64_t b = 0; b < n / kQK; ++b) {
+            d.mutable_data()[b] = q[b].d;
+            ds.mutable_data()[b] = q[b].ds;
+            for (int i = 0; i < kQK; ++i) values.mutable_data()[b * kQK + i] = static_cast<float>(q[b].qs[i]);
+          }
+          return py::make_tuple(values, d, ds);
+        });
   m.def("_kernel_dot_q", [](const std::string& level, const std::string& type, py::bytes raw,
                             py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     static const std::map<std::string, GgmlType> types{
@@ -299,13 +311,13 @@ PYBIND11_MODULE(_native, m) {
     kn.attn_accum(vf, vb.data(), 0, 1, w.data(), 1, acc.mutable_data(), G, hd);
     return py::make_tuple(scores, acc);
   });
-  m.def("_kernel_exp_sum", [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x,
-                              float mx) {
-    py::array_t<float> out(x.size());
-    std::copy(x.data(), x.data() + x.size(), out.mutable_data());
-    const float sum = kernels_for(level).exp_sum(out.mutable_data(), static_cast<int>(x.size()), mx);
-    return py::make_tuple(out, sum);
-  });
+  m.def("_kernel_exp_sum",
+        [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x, float mx) {
+          py::array_t<float> out(x.size());
+          std::copy(x.data(), x.data() + x.size(), out.mutable_data());
+          const float sum = kernels_for(level).exp_sum(out.mutable_data(), static_cast<int>(x.size()), mx);
+          return py::make_tuple(out, sum);
+        });
   m.def("_kv_roundtrip", [](const std::string& level, const std::string& fmt,
                             py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     const KvFormat f = kv_format_from_string(fmt);

@@ -23,9 +23,9 @@ struct EngineOptions {
   std::string kv_v = "f16";
   size_t kv_budget_bytes = 0;  // 0: no budget
   int threads = 2;
-  int block_tokens = 16;       // positions per KV block
-  int max_batch_tokens = 256;  // tokens (decode + prefill chunks) per step
-  std::string isa;             // "" = best available (or $KVSWARM_ISA)
+  int block_tokens = 16;           // positions per KV block
+  int max_batch_tokens = 256;      // tokens (decode + prefill chunks) per step
+  std::string isa;                 // "" = best available (or $KVSWARM_ISA)
   bool float_activations = false;  // see Workspace::float_activations
   // A new sequence whose first full blocks of tokens match blocks another live
   // sequence has computed holds those blocks instead of recomputing and
@@ -34,13 +34,13 @@ struct EngineOptions {
 };
 
 struct SamplingParams {
-  float temperature = 0.0f;  // <= 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
+  float temperature = 0.0f;         // <= 0: greedy
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off
   float repetition_penalty = 1.0f;  // 1: off
-  int repeat_last_n = 64;    // window for the repetition penalty
+  int repeat_last_n = 64;           // window for the repetition penalty
   uint64_t seed = 0;
-  int max_new_tokens = -1;   // per turn; -1: until a stop token or the context ends
+  int max_new_tokens = -1;           // per turn; -1: until a stop token or the context ends
   std::vector<int32_t> stop_tokens;  // end the turn when sampled (the token is kept)
 };
 
@@ -49,23 +49,23 @@ struct MemoryStats {
   size_t block_bytes = 0;
   int block_tokens = 0;
   size_t budget_bytes = 0;
-  size_t bytes_reserved = 0;   // blocks held by sequences x block bytes
-  size_t bytes_used = 0;       // positions stored x bytes per token (a shared position counts once)
-  size_t bytes_allocated = 0;  // blocks ever allocated (held + free list) x block bytes
-  size_t blocks_in_use = 0;    // distinct blocks held (a shared block counts once)
-  size_t blocks_shared = 0;    // blocks held by more than one sequence
+  size_t bytes_reserved = 0;        // blocks held by sequences x block bytes
+  size_t bytes_used = 0;            // positions stored x bytes per token (a shared position counts once)
+  size_t bytes_allocated = 0;       // blocks ever allocated (held + free list) x block bytes
+  size_t blocks_in_use = 0;         // distinct blocks held (a shared block counts once)
+  size_t blocks_shared = 0;         // blocks held by more than one sequence
   size_t prefix_tokens_reused = 0;  // positions taken from shared blocks instead of computed, since start
   size_t weight_bytes = 0;
-  size_t scratch_bytes = 0;    // activations, logits and per-thread scratch
+  size_t scratch_bytes = 0;  // activations, logits and per-thread scratch
   int sequences = 0;
 };
 
 struct SequenceInfo {
   int id = 0;
-  int n_tokens = 0;   // history length
-  int n_past = 0;     // positions with KV
+  int n_tokens = 0;  // history length
+  int n_past = 0;    // positions with KV
   bool generating = false;
-  int generated = 0;  // tokens sampled this turn
+  int generated = 0;          // tokens sampled this turn
   std::string finish_reason;  // "", "stop_token", "max_tokens", "context", "kv_budget", "finished"
 };
 
@@ -126,7 +126,7 @@ class Engine {
     // The last token was sampled after the turn ended; its KV is written with the
     // next turn's prefill instead of by an extra step now.
     bool lazy_tail = false;
-    int published = 0;      // blocks [0, published) are in the prefix index or never will be
+    int published = 0;       // blocks [0, published) are in the prefix index or never will be
     bool synthetic = false;  // holds fill_kv positions, whose KV does not match its tokens
   };
 
@@ -151,9 +151,9 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   Workspace ws_;
   std::vector<float> logits_;
-  std::map<int, Sequence> seqs_;  // {id: sequence}, ordered so steps are deterministic
-  std::map<std::vector<int32_t>, int> prefix_index_;         // {block key: block id}
-  std::map<int, std::vector<int32_t>> indexed_key_;          // {block id: its key}, to unindex on free
+  std::map<int, Sequence> seqs_;                      // {id: sequence}, ordered so steps are deterministic
+  std::map<std::vector<int32_t>, int> prefix_index_;  // {block key: block id}
+  std::map<int, std::vector<int32_t>> indexed_key_;   // {block id: its key}, to unindex on free
   size_t prefix_tokens_reused_ = 0;
   int next_id_ = 1;
   mutable std::mutex mu_;

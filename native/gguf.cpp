@@ -16,8 +16,8 @@ namespace kvs {
 // few hundred tensors and tens of metadata keys (plus vocab arrays of ~10^5).
 constexpr uint64_t kMaxTensors = 1u << 20;
 constexpr uint64_t kMaxMetadata = 1u << 20;
-constexpr uint32_t kMaxDims = 4;             // GGML_MAX_DIMS
-constexpr uint64_t kMaxArrayDepth = 2;       // arrays of arrays are legal but never deep
+constexpr uint32_t kMaxDims = 4;        // GGML_MAX_DIMS
+constexpr uint64_t kMaxArrayDepth = 2;  // arrays of arrays are legal but never deep
 constexpr uint64_t kMaxStringBytes = 1u << 28;
 
 class MappedFile {
@@ -100,38 +100,75 @@ class Cursor {
 // Smallest encoded size of one value of a type, to bound array counts before reserving.
 uint64_t min_encoded_size(GgufType t) {
   switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::BOOL: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: case GgufType::STRING: return 8;
-    case GgufType::ARRAY: return 12;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+    case GgufType::STRING:
+      return 8;
+    case GgufType::ARRAY:
+      return 12;
   }
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::F64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::F64);
+}
 
 GgufValue read_value(Cursor& c, GgufType type, uint64_t depth) {
   GgufValue v;
   v.type = type;
   switch (type) {
-    case GgufType::U8: v.u = c.read<uint8_t>("u8 value"); break;
-    case GgufType::I8: v.i = c.read<int8_t>("i8 value"); break;
-    case GgufType::U16: v.u = c.read<uint16_t>("u16 value"); break;
-    case GgufType::I16: v.i = c.read<int16_t>("i16 value"); break;
-    case GgufType::U32: v.u = c.read<uint32_t>("u32 value"); break;
-    case GgufType::I32: v.i = c.read<int32_t>("i32 value"); break;
-    case GgufType::U64: v.u = c.read<uint64_t>("u64 value"); break;
-    case GgufType::I64: v.i = c.read<int64_t>("i64 value"); break;
-    case GgufType::F32: v.f = c.read<float>("f32 value"); break;
-    case GgufType::F64: v.f = c.read<double>("f64 value"); break;
+    case GgufType::U8:
+      v.u = c.read<uint8_t>("u8 value");
+      break;
+    case GgufType::I8:
+      v.i = c.read<int8_t>("i8 value");
+      break;
+    case GgufType::U16:
+      v.u = c.read<uint16_t>("u16 value");
+      break;
+    case GgufType::I16:
+      v.i = c.read<int16_t>("i16 value");
+      break;
+    case GgufType::U32:
+      v.u = c.read<uint32_t>("u32 value");
+      break;
+    case GgufType::I32:
+      v.i = c.read<int32_t>("i32 value");
+      break;
+    case GgufType::U64:
+      v.u = c.read<uint64_t>("u64 value");
+      break;
+    case GgufType::I64:
+      v.i = c.read<int64_t>("i64 value");
+      break;
+    case GgufType::F32:
+      v.f = c.read<float>("f32 value");
+      break;
+    case GgufType::F64:
+      v.f = c.read<double>("f64 value");
+      break;
     case GgufType::BOOL: {
       const uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1) c.fail("bool value must be 0 or 1, got " + std::to_string(b));
       v.u = b;
       break;
     }
-    case GgufType::STRING: v.s = c.read_string("string value"); break;
+    case GgufType::STRING:
+      v.s = c.read_string("string value");
+      break;
     case GgufType::ARRAY: {
       if (depth >= kMaxArrayDepth) c.fail("arrays nested too deeply");
       const uint32_t et = c.read<uint32_t>("array element type");
@@ -139,8 +176,7 @@ GgufValue read_value(Cursor& c, GgufType type, uint64_t depth) {
       const uint64_t n = c.read<uint64_t>("array length");
       const uint64_t min_bytes = min_encoded_size(static_cast<GgufType>(et));
       if (n > c.left() / min_bytes) {
-        c.fail("array length " + std::to_string(n) + " cannot fit in the " + std::to_string(c.left()) +
-               " bytes left");
+        c.fail("array length " + std::to_string(n) + " cannot fit in the " + std::to_string(c.left()) + " bytes left");
       }
       v.elem_type = static_cast<GgufType>(et);
       v.arr.reserve(n);
@@ -155,21 +191,38 @@ GgufValue read_value(Cursor& c, GgufType type, uint64_t depth) {
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufType::U8: case GgufType::I8: case GgufType::U16: case GgufType::I16: case GgufType::U32:
-    case GgufType::I32: case GgufType::U64: case GgufType::I64: case GgufType::BOOL: return true;
-    default: return false;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::U16:
+    case GgufType::I16:
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::BOOL:
+      return true;
+    default:
+      return false;
   }
 }
 
 int64_t GgufValue::as_int() const {
   switch (type) {
-    case GgufType::U8: case GgufType::U16: case GgufType::U32: case GgufType::BOOL:
+    case GgufType::U8:
+    case GgufType::U16:
+    case GgufType::U32:
+    case GgufType::BOOL:
       return static_cast<int64_t>(u);
     case GgufType::U64:
       if (u > static_cast<uint64_t>(INT64_MAX)) throw std::runtime_error("u64 metadata value out of range");
       return static_cast<int64_t>(u);
-    case GgufType::I8: case GgufType::I16: case GgufType::I32: case GgufType::I64: return i;
-    default: throw std::runtime_error("metadata value is not an integer");
+    case GgufType::I8:
+    case GgufType::I16:
+    case GgufType::I32:
+    case GgufType::I64:
+      return i;
+    default:
+      throw std::runtime_error("metadata value is not an integer");
   }
 }
 
@@ -282,7 +335,9 @@ GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_unique
 
 GgufFile::~GgufFile() = default;
 
-size_t GgufFile::file_size() const { return map_->size(); }
+size_t GgufFile::file_size() const {
+  return map_->size();
+}
 
 const GgufValue* GgufFile::find(const std::string& key) const {
   auto it = meta_index_.find(key);

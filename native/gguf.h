@@ -13,22 +13,33 @@
 namespace kvs {
 
 enum class GgufType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 
 // One metadata value. Integers keep their signedness; floats widen to double.
 struct GgufValue {
   GgufType type = GgufType::U8;
-  uint64_t u = 0;   // unsigned integers and bool
-  int64_t i = 0;    // signed integers
-  double f = 0.0;   // f32 / f64
-  std::string s;    // STRING
+  uint64_t u = 0;                     // unsigned integers and bool
+  int64_t i = 0;                      // signed integers
+  double f = 0.0;                     // f32 / f64
+  std::string s;                      // STRING
   GgufType elem_type = GgufType::U8;  // ARRAY: element type
   std::vector<GgufValue> arr;         // ARRAY: elements
 
   bool is_integer() const;
-  int64_t as_int() const;  // throws unless integer or bool
+  int64_t as_int() const;   // throws unless integer or bool
   double as_float() const;  // integer or float
 };
 

@@ -21,8 +21,8 @@ KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget
   block_bytes_ = bytes_per_token_ * g.block_tokens;
   if (budget_ != 0 && budget_ < block_bytes_) {
     throw KvBudgetError("KV budget of " + std::to_string(budget_) + " bytes is smaller than one block (" +
-                        std::to_string(block_bytes_) + " bytes = " + std::to_string(g.block_tokens) +
-                        " tokens x " + std::to_string(bytes_per_token_) +
+                        std::to_string(block_bytes_) + " bytes = " + std::to_string(g.block_tokens) + " tokens x " +
+                        std::to_string(bytes_per_token_) +
                         " bytes per token); raise kv_budget_bytes or choose a narrower KV format");
   }
 }
@@ -36,7 +36,9 @@ void KvPool::set_budget(size_t budget_bytes) {
   budget_ = budget_bytes;
 }
 
-size_t KvPool::max_blocks() const { return budget_ == 0 ? SIZE_MAX : budget_ / block_bytes_; }
+size_t KvPool::max_blocks() const {
+  return budget_ == 0 ? SIZE_MAX : budget_ / block_bytes_;
+}
 
 int KvPool::acquire() {
   if (in_use_ + 1 > max_blocks()) {

@@ -15,17 +15,21 @@ KvFormat kv_format_from_string(const std::string& name) {
   if (name == "q8_0") return KvFormat::Q8_0;
   if (name == "q8_head") return KvFormat::Q8_HEAD;
   if (name == "q4_0") return KvFormat::Q4_0;
-  throw std::invalid_argument("unknown KV format '" + name +
-                              "': expected one of f32, f16, q8_0, q8_head, q4_0");
+  throw std::invalid_argument("unknown KV format '" + name + "': expected one of f32, f16, q8_0, q8_head, q4_0");
 }
 
 const char* kv_format_name(KvFormat f) {
   switch (f) {
-    case KvFormat::F32: return "f32";
-    case KvFormat::F16: return "f16";
-    case KvFormat::Q8_0: return "q8_0";
-    case KvFormat::Q8_HEAD: return "q8_head";
-    case KvFormat::Q4_0: return "q4_0";
+    case KvFormat::F32:
+      return "f32";
+    case KvFormat::F16:
+      return "f16";
+    case KvFormat::Q8_0:
+      return "q8_0";
+    case KvFormat::Q8_HEAD:
+      return "q8_head";
+    case KvFormat::Q4_0:
+      return "q4_0";
   }
   return "?";
 }
@@ -36,16 +40,21 @@ size_t kv_row_bytes(KvFormat f, int head_dim) {
   const bool blocked = f == KvFormat::Q8_0 || f == KvFormat::Q4_0 || f == KvFormat::Q8_HEAD;
   if (blocked && head_dim % kQK != 0) {
     throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) +
-                                " needs head_dim to be a multiple of 32, got " +
-                                std::to_string(head_dim) + "; use f16 or f32");
+                                " needs head_dim to be a multiple of 32, got " + std::to_string(head_dim) +
+                                "; use f16 or f32");
   }
   const size_t n = static_cast<size_t>(head_dim);
   switch (f) {
-    case KvFormat::F32: return 4 * n;
-    case KvFormat::F16: return 2 * n;
-    case KvFormat::Q8_0: return n / kQK * sizeof(BlockQ8_0);
-    case KvFormat::Q8_HEAD: return sizeof(float) + n;
-    case KvFormat::Q4_0: return n / kQK * sizeof(BlockQ4_0);
+    case KvFormat::F32:
+      return 4 * n;
+    case KvFormat::F16:
+      return 2 * n;
+    case KvFormat::Q8_0:
+      return n / kQK * sizeof(BlockQ8_0);
+    case KvFormat::Q8_HEAD:
+      return sizeof(float) + n;
+    case KvFormat::Q4_0:
+      return n / kQK * sizeof(BlockQ4_0);
   }
   throw std::invalid_argument("kv_row_bytes: bad format");
 }
@@ -96,15 +105,23 @@ static void store_q8_head(const float* x, uint8_t* out, int n) {
 
 void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim) {
   switch (f) {
-    case KvFormat::F32: std::memcpy(dst, src, sizeof(float) * head_dim); return;
+    case KvFormat::F32:
+      std::memcpy(dst, src, sizeof(float) * head_dim);
+      return;
     case KvFormat::F16: {
       auto* h = static_cast<uint16_t*>(dst);
       for (int i = 0; i < head_dim; ++i) h[i] = fp32_to_fp16(src[i]);
       return;
     }
-    case KvFormat::Q8_0: store_q8_0(src, static_cast<BlockQ8_0*>(dst), head_dim); return;
-    case KvFormat::Q8_HEAD: store_q8_head(src, static_cast<uint8_t*>(dst), head_dim); return;
-    case KvFormat::Q4_0: store_q4_0(src, static_cast<BlockQ4_0*>(dst), head_dim); return;
+    case KvFormat::Q8_0:
+      store_q8_0(src, static_cast<BlockQ8_0*>(dst), head_dim);
+      return;
+    case KvFormat::Q8_HEAD:
+      store_q8_head(src, static_cast<uint8_t*>(dst), head_dim);
+      return;
+    case KvFormat::Q4_0:
+      store_q4_0(src, static_cast<BlockQ4_0*>(dst), head_dim);
+      return;
   }
 }
 

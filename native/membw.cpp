@@ -12,7 +12,8 @@
 namespace kvs {
 
 double measure_read_bandwidth(int threads, size_t bytes, int repeats) {
-  if (bytes < (1u << 20) || repeats < 1) throw std::invalid_argument("measure_read_bandwidth: need >= 1 MiB, >= 1 pass");
+  if (bytes < (1u << 20) || repeats < 1)
+    throw std::invalid_argument("measure_read_bandwidth: need >= 1 MiB, >= 1 pass");
   const size_t n = bytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
   ThreadPool pool(threads);

@@ -56,8 +56,8 @@ Weight Model::load_weight(const std::string& name, int64_t rows, int64_t cols) c
   if (t->shape.size() != 2 || t->shape[0] != cols || t->shape[1] != rows) {
     std::string got;
     for (int64_t d : t->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-    throw std::runtime_error("tensor '" + name + "' has shape [" + got + "], expected [" + std::to_string(cols) +
-                             ", " + std::to_string(rows) + "] from the model's hyper-parameters");
+    throw std::runtime_error("tensor '" + name + "' has shape [" + got + "], expected [" + std::to_string(cols) + ", " +
+                             std::to_string(rows) + "] from the model's hyper-parameters");
   }
   Weight w;
   w.type = static_cast<GgmlType>(t->type);
@@ -141,8 +141,8 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
   }
   c.n_vocab = positive("token_embd.weight rows", emb->shape[1]);
   tok_embd_ = load_weight("token_embd.weight", c.n_vocab, c.n_embd);
-  output_ = file_->find_tensor("output.weight") != nullptr ? load_weight("output.weight", c.n_vocab, c.n_embd)
-                                                           : tok_embd_;
+  output_ =
+      file_->find_tensor("output.weight") != nullptr ? load_weight("output.weight", c.n_vocab, c.n_embd) : tok_embd_;
   output_norm_ = load_vector("output_norm.weight", c.n_embd);
 
   const int q_dim = c.n_head * c.head_dim;
@@ -169,7 +169,9 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
 
 namespace {
 
-bool is_quantized_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
+bool is_quantized_type(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
+}
 
 // out_t (T, rows) = x (T, cols) @ W^T for each target; all targets share x and cols.
 // Quantized weights: x is quantized once to int8 blocks (T, cols/32) and rows use
@@ -275,9 +277,9 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
   };
   pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int thread, int64_t b, int64_t e) {
-    float* s = ws.thread_scratch[thread].data();        // (G, chunk) scores, then weights
-    float* qs = s + static_cast<size_t>(G) * chunk;     // (G, hd) queries pre-multiplied by 1/sqrt(hd)
-    BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];       // (G, nb) quantized queries
+    float* s = ws.thread_scratch[thread].data();     // (G, chunk) scores, then weights
+    float* qs = s + static_cast<size_t>(G) * chunk;  // (G, hd) queries pre-multiplied by 1/sqrt(hd)
+    BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];    // (G, nb) quantized queries
     int prepared_for = -1;
     for (int64_t task = b; task < e; ++task) {
       const AttnTask& tk = ws.attn_tasks[task];

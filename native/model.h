@@ -53,11 +53,11 @@ struct LayerWeights {
 
 // One run of consecutive tokens of one sequence in a forward batch.
 struct BatchItem {
-  const int32_t* tokens = nullptr;     // (n,)
+  const int32_t* tokens = nullptr;  // (n,)
   int n = 0;
-  int pos0 = 0;                        // position of tokens[0]
+  int pos0 = 0;                              // position of tokens[0]
   const std::vector<int>* blocks = nullptr;  // the sequence's block table, covering pos0+n
-  int logits_from = 0;  // logits are produced for tokens[logits_from..n)
+  int logits_from = 0;                       // logits are produced for tokens[logits_from..n)
 };
 
 // One attention task: positions [begin, end) of token row t for kv head kh.
@@ -83,12 +83,12 @@ struct Workspace {
   // products (fast); true: every weight row is dequantized and dotted in float32
   // (slower, free of activation rounding; for quality measurements).
   bool float_activations = false;
-  std::vector<BlockQ8A> xq;        // (T, cols/32) quantized matmul input
+  std::vector<BlockQ8A> xq;  // (T, cols/32) quantized matmul input
   std::vector<AttnTask> attn_tasks;
-  std::vector<int> attn_first;     // (T*n_kv + 1,) first task of each (token, kv head)
-  std::vector<float> partials;     // (tasks, G*(hd+2)) partial softmax state
+  std::vector<int> attn_first;  // (T*n_kv + 1,) first task of each (token, kv head)
+  std::vector<float> partials;  // (tasks, G*(hd+2)) partial softmax state
   std::vector<float> x, xn, q, k, v, attn, ff_gate, ff_up, logits_in;
-  std::vector<int32_t> row_pos;         // (T,)
+  std::vector<int32_t> row_pos;                     // (T,)
   std::vector<const std::vector<int>*> row_blocks;  // (T,)
   std::vector<std::vector<float>> thread_scratch;   // per thread
 };
@@ -105,8 +105,8 @@ class Model {
   // Runs items through the model, writing their K/V into the pool and returning
   // logits rows in item order: for each item, n - logits_from rows of n_vocab.
   // logits: (sum over items of (n - logits_from), n_vocab)
-  void forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool& pool, const Kernels& kern,
-               Workspace& ws, std::vector<float>& logits) const;
+  void forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool& pool, const Kernels& kern, Workspace& ws,
+               std::vector<float>& logits) const;
 
  private:
   Weight load_weight(const std::string& name, int64_t rows, int64_t cols) const;

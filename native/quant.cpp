@@ -42,7 +42,7 @@ uint16_t fp32_to_fp16(float f) {
   if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to inf
     return sign | 0x7c00u;
   }
-  if (abs < 0x38800000u) {  // below the smallest normal half (2^-14)
+  if (abs < 0x38800000u) {               // below the smallest normal half (2^-14)
     if (abs < 0x33000000u) return sign;  // below half of the smallest subnormal
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
@@ -64,12 +64,18 @@ uint16_t fp32_to_fp16(float f) {
 
 TypeTraits type_traits(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: return {"F32", 1, 4};
-    case GgmlType::F16: return {"F16", 1, 2};
-    case GgmlType::BF16: return {"BF16", 1, 2};
-    case GgmlType::Q4_0: return {"Q4_0", kQK, sizeof(BlockQ4_0)};
-    case GgmlType::Q4_1: return {"Q4_1", kQK, sizeof(BlockQ4_1)};
-    case GgmlType::Q8_0: return {"Q8_0", kQK, sizeof(BlockQ8_0)};
+    case GgmlType::F32:
+      return {"F32", 1, 4};
+    case GgmlType::F16:
+      return {"F16", 1, 2};
+    case GgmlType::BF16:
+      return {"BF16", 1, 2};
+    case GgmlType::Q4_0:
+      return {"Q4_0", kQK, sizeof(BlockQ4_0)};
+    case GgmlType::Q4_1:
+      return {"Q4_1", kQK, sizeof(BlockQ4_1)};
+    case GgmlType::Q8_0:
+      return {"Q8_0", kQK, sizeof(BlockQ8_0)};
   }
   throw std::invalid_argument("tensor type id " + std::to_string(type) +
                               " is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)");
@@ -82,7 +88,8 @@ bool type_supported(uint32_t type) {
     case GgmlType::BF16:
     case GgmlType::Q4_0:
     case GgmlType::Q4_1:
-    case GgmlType::Q8_0: return true;
+    case GgmlType::Q8_0:
+      return true;
   }
   return false;
 }

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from swarm.cli_engine import cmd_calibrate, cmd_generate
 from worker.formats import KV_FORMATS as KV_CHOICES
@@ -150,8 +151,7 @@ TOKEN_FILE = "~/.config/kvswarm/token"
 TOKENS_FILE_HELP = "the token file (default: $KVSWARM_TOKENS_FILE or ~/.config/kvswarm/tokens.json)"
 
 
-def _token_file():  # type: ignore[no-untyped-def]
-    from pathlib import Path
+def _token_file() -> Path:
 
     return Path(TOKEN_FILE).expanduser()
 
@@ -224,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if cfg is not None and cfg.name in server.hub.swarms:
             print(f"swarm {cfg.name} resumed from {server.hub.store.path}", flush=True)
-        elif cfg is not None:
+        elif cfg is not None and cfg_data is not None:
             run = server.hub.launch(cfg, cfg_data)
             print(str(run.plan), flush=True)
         done.wait()

@@ -12,7 +12,8 @@ import sys
 
 def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here so `swarm --help` works without the compiled engine.
-    from worker.engine import Engine, Sampling
+    from worker.engine import Engine
+    from worker.sampling import Sampling
 
     engine = Engine(args.model, kv_k=args.kv_k, kv_v=args.kv_v, threads=args.threads)
     sampling = Sampling(

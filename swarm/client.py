@@ -63,17 +63,23 @@ class SwarmClient:
     def health(self) -> str:
         stub = health_pb2_grpc.HealthStub(self.channel)
         r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        result: str = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        return result
 
     def plan(self, config_yaml: str) -> pb.PlanSwarmResponse:
-        return self._call(self.stub.PlanSwarm, pb.PlanSwarmRequest(config_yaml=config_yaml), timeout=600)
+        result: pb.PlanSwarmResponse = self._call(
+            self.stub.PlanSwarm, pb.PlanSwarmRequest(config_yaml=config_yaml), timeout=600
+        )
+        return result
 
     def launch(self, config_yaml: str | None = None, *, spec: pb.SwarmSpec | None = None) -> pb.LaunchSwarmResponse:
         req = pb.LaunchSwarmRequest(spec=spec) if spec is not None else pb.LaunchSwarmRequest(config_yaml=config_yaml)
-        return self._call(self.stub.LaunchSwarm, req, timeout=900)
+        result: pb.LaunchSwarmResponse = self._call(self.stub.LaunchSwarm, req, timeout=900)
+        return result
 
     def stop(self, swarm: str) -> pb.SwarmInfo:
-        return self._call(self.stub.StopSwarm, pb.StopSwarmRequest(swarm=swarm), timeout=300).swarm
+        result: pb.SwarmInfo = self._call(self.stub.StopSwarm, pb.StopSwarmRequest(swarm=swarm), timeout=300).swarm
+        return result
 
     def swarms(self) -> list[pb.SwarmInfo]:
         return list(self._call(self.stub.ListSwarms, pb.ListSwarmsRequest()).swarms)
@@ -131,13 +137,15 @@ class SwarmClient:
             yield from ev.pieces
 
     def job(self, job_id: str) -> pb.Job:
-        return self._call(self.stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        result: pb.Job = self._call(self.stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        return result
 
     def jobs(self, swarm: str = "", state: str = "", limit: int = 100) -> list[pb.Job]:
         return list(self._call(self.stub.ListJobs, pb.ListJobsRequest(swarm=swarm, state=state, limit=limit)).jobs)
 
     def cancel(self, job_id: str) -> pb.Job:
-        return self._call(self.stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
+        result: pb.Job = self._call(self.stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
+        return result
 
     def generate(self, swarm: str, messages: Iterable[tuple[str, str]], **kwargs: Any) -> pb.Job:
         """Submit one job and wait for it; the finished Job."""
@@ -149,7 +157,8 @@ class SwarmClient:
 
     # -- placement --------------------------------------------------------------------------------
     def placement(self, swarm: str) -> pb.Placement:
-        return self._call(self.stub.GetPlacement, pb.GetPlacementRequest(swarm=swarm))
+        result: pb.Placement = self._call(self.stub.GetPlacement, pb.GetPlacementRequest(swarm=swarm))
+        return result
 
     def watch_placement(self, swarm: str, timeout: float | None = None) -> Any:
         """An iterator of Placement messages (the call: `.cancel()` ends it)."""

@@ -2,9 +2,19 @@
 
 Every message names what is wrong and says how to fix it. `None` from a
 planner helper means "does not fit"; an exception means bad input or a bug.
+The worker layer's errors are defined in `worker.errors` (Ray carries them, and
+worker/ imports nothing from swarm/) and re-exported here.
 """
 
 from __future__ import annotations
+
+from worker.errors import MetadataError, ModelNotFoundError, SessionError
+
+__all__ = [
+    "AlreadyExists", "CallRefused", "ConfigError", "FailedPrecondition", "InvalidArgument", "MetadataError",
+    "ModelFileError", "ModelNotFoundError", "NoFeasiblePlan", "NotFound", "PortInUse", "ResourceExhausted",
+    "SchedulerError", "SessionError", "StoreFull", "SwarmError", "WorkerLost",
+]  # fmt: skip
 
 
 class SwarmError(Exception):
@@ -53,3 +63,19 @@ class InvalidArgument(SwarmError, ValueError):
 
 class StoreFull(ResourceExhausted):
     """The disk under the server's --out is full: nothing more can be recorded, so no new job is accepted."""
+
+
+class SchedulerError(SwarmError):
+    """Ray could not do what the plan needs (no node offers a resource, a worker died)."""
+
+
+class WorkerLost(SchedulerError):
+    """A worker actor died or stopped answering."""
+
+
+class CallRefused(SchedulerError):
+    """A running worker raised on one call (a turn it cannot take); the worker itself is fine."""
+
+
+class PortInUse(SwarmError):
+    """The server cannot listen on its address: the port is taken or not allowed."""

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.stops import StopScanner
+from worker.stops import StopFilter
 
 TERMINAL = ("done", "cancelled", "failed")
 
@@ -47,10 +47,8 @@ class Job:
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
-        self._raw = ""  # decoded text of every token so far
-        self._emitted = 0  # characters of _raw already given out as pieces
+        self._out = StopFilter(self.stop)  # decoded text so far (cut at a stop string), and how much is given out
         self._decoder: Any = None
-        self._scanner: StopScanner | None = None  # fed _raw in order; made at the first token (queued jobs hold none)
         self._final = 0  # tokens whose pieces can no longer change (nothing held back after them)
         self._visible = 0  # tokens recorded durably (a stream hands out no more)
         self._visible_done = False  # the end is recorded durably
@@ -79,22 +77,11 @@ class Job:
                 if self.first_token is None:
                     self.first_token = time.time()
                 self.token_ids.append(int(tok))
-                if self._scanner is None:
-                    self._scanner = StopScanner(self.stop)
-                    self._scanner.feed(self._raw)  # the text so far (a job resumed after a restart)
-                piece = "" if tok in eot else self._decoder.push(int(tok))
-                self._raw += piece
-                hit = self._scanner.feed(piece)
-                if hit is not None:
-                    self._raw = self._raw[:hit]
-                    self.pieces.append(self._raw[self._emitted :])
-                    self._emitted = len(self._raw)
+                self.pieces.append(self._out.push("" if tok in eot else self._decoder.push(int(tok))))
+                if self._out.stopped:
                     self.stopped = True
                     break
-                safe = len(self._raw) - self._scanner.held
-                self.pieces.append(self._raw[self._emitted : safe])
-                self._emitted = max(self._emitted, safe)
-                if self._emitted == len(self._raw):
+                if self._out.emitted == len(self._out.text):
                     self._final = len(self.token_ids)
             self._cond.notify_all()
             return self.stopped
@@ -104,11 +91,10 @@ class Job:
             if self.state in TERMINAL:
                 return
             if not self.stopped and self._decoder is not None:
-                self._raw += self._decoder.flush()
-            if self._emitted < len(self._raw) and self.pieces:
-                self.pieces[-1] += self._raw[self._emitted :]  # the held-back tail, now known to be text
-                self._emitted = len(self._raw)
-            self.text = self._raw
+                self._out.end(self._decoder.flush())
+            if self.pieces:
+                self.pieces[-1] += self._out.release()  # the held-back tail, now known to be text
+            self.text = self._out.text
             self.state, self.finish_reason, self.error = state, reason, error
             self.ended = time.time()
             self.dirty = True
@@ -143,8 +129,8 @@ class Job:
     def result(self) -> dict[str, Any]:
         return {"text": self.text, "finish_reason": self.finish_reason, "error": self.error, "worker": self.worker,
                 "kv_format": self.kv_format, "prompt_tokens": self.prompt_tokens, "started": self.started,
-                "first_token": self.first_token, "ended": self.ended, "stopped": self.stopped, "raw": self._raw,
-                "emitted": self._emitted, "final": self._final,
+                "first_token": self.first_token, "ended": self.ended, "stopped": self.stopped, "raw": self._out.text,
+                "emitted": self._out.emitted, "final": self._final,
                 "pieces_patch": self.pieces[-1:] if self.done else []}  # fmt: skip
 
     def record(self) -> dict[str, Any]:
@@ -165,7 +151,9 @@ class Job:
         for k in ("text", "finish_reason", "error", "worker", "kv_format", "prompt_tokens", "started", "first_token",
                   "ended", "stopped"):  # fmt: skip
             setattr(job, k, r[k])
-        job._raw, job._emitted, job._final = r["raw"], r["emitted"], r["final"]
+        job._out = StopFilter(job.stop, r["raw"], r["emitted"])
+        job._out.stopped = job.stopped
+        job._final = r["final"]
         job._flushed = len(job.token_ids)
         job.dirty = False
         if job.state == "running":
@@ -192,7 +180,7 @@ class Job:
         with self._cond:
             return {
                 "id": self.id, "swarm": self.swarm, "agent": self.agent, "state": self.state,
-                "tokens": len(self.token_ids), "text": self.text if self.done else self._raw[: self._emitted],
+                "tokens": len(self.token_ids), "text": self.text if self.done else self._out.final,
                 "finish_reason": self.finish_reason, "error": self.error, "worker": self.worker,
                 "kv_format": self.kv_format, "created_unix": self.created,
                 "time_to_first_token_s": (self.first_token - self.started) if self.first_token and self.started

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from swarm import planner
 from swarm.config import SwarmConfig
@@ -86,7 +87,7 @@ def shared_prefix_tokens(cfg: SwarmConfig, model_path: Path | None) -> list[int]
 def plan_inputs(
     cfg: SwarmConfig,
     *,
-    calibrate: Callable[[Path, str, int], dict] | None = None,
+    calibrate: Callable[[Path, str, int], dict[str, Any]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> PlanInputs:
     """calibrate(model_path, mode, threads) -> calibration dict, for local workers (default: worker.calibrate)."""
@@ -126,7 +127,7 @@ def plan_inputs(
                 from worker.calibrate import CalibrationOptions
                 from worker.calibrate import calibrate as measure
 
-                def calibrate(p: Path, mode: str, threads: int) -> dict:
+                def calibrate(p: Path, mode: str, threads: int) -> dict[str, Any]:
                     opts = CalibrationOptions.quick(threads) if mode == "quick" else CalibrationOptions(threads=threads)
                     return measure(p, opts, progress=progress)
 
@@ -160,7 +161,9 @@ def plan_inputs(
 _HOST_BANDWIDTH_EFFICIENCY = 0.7
 
 
-def trusted_calibration(cal: planner.Calibration, geom: planner.ModelGeometry, pairs: tuple) -> planner.Calibration:
+def trusted_calibration(
+    cal: planner.Calibration, geom: planner.ModelGeometry, pairs: tuple[planner.FormatPair, ...]
+) -> planner.Calibration:
     """A measured calibration, or, when it stayed unreliable, a bandwidth prediction that says so."""
     if cal.reliable:
         return cal

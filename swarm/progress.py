@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from swarm.launch import SwarmRun
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class LiveProgress:
     """Live progress bars per worker and agent (rich), redrawn a few times a second."""
 
-    def __init__(self, run: SwarmRun) -> None:
+    def __init__(self, name: str, states: Callable[[], dict[str, Any]], agents: Callable[[], Sequence[Any]]) -> None:
+        """name: the swarm's; states: each worker's state(); agents: the run's progress() (AgentProgress rows)."""
         from rich.console import Console
         from rich.live import Live
 
-        self.run = run
+        self.name, self.worker_states, self.agent_progress = name, states, agents
         self.console = Console()
         self.last = 0.0
         self.states: dict[str, Any] = {}
@@ -28,7 +27,7 @@ class LiveProgress:
         if not force and now - self.last < 0.5:
             return
         self.last = now
-        self.states = {w: s for w, s in self.run.sched.states().items() if isinstance(s, dict)}
+        self.states = {w: s for w, s in self.worker_states().items() if isinstance(s, dict)}
         self.live.update(self._render())
 
     def _render(self) -> Any:
@@ -36,7 +35,7 @@ class LiveProgress:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        workers = Table(title=f"swarm {self.run.cfg.name}: workers", title_justify="left")
+        workers = Table(title=f"swarm {self.name}: workers", title_justify="left")
         for col in ("worker", "device", "KV format", "agents", "tokens", "tok/s", "queue", "KV reserved / budget"):
             workers.add_column(col, justify="right" if col in ("agents", "tokens", "tok/s", "queue") else "left")
         for w, s in self.states.items():
@@ -49,14 +48,10 @@ class LiveProgress:
         agents = Table(title="agents", title_justify="left")
         for col in ("agent", "worker", "turn", "context / reserved", "tokens", "progress"):
             agents.add_column(col, justify="right" if col == "tokens" else "left")
-        for a in self.run.agents.values():
-            n = self.run._n_turns(a) * a.group.max_new_tokens
-            done = n if a.finished else a.turns_done * a.group.max_new_tokens + (len(a.turn.reply) if a.turn else 0)
-            turn = "done" if a.finished else f"{a.turns_done + 1}/{self.run._n_turns(a)}"
-            if not a.finished and a.turn is None:
-                turn += " (waiting)"
-            agents.add_row(a.name, str(a.worker or "-"), turn, f"{len(a.history)} / {a.context}",
-                           str(a.tokens_generated), ProgressBar(total=n, completed=done, width=20))  # fmt: skip
+        for p in self.agent_progress():
+            agents.add_row(p.name, str(p.worker or "-"), p.turn, f"{p.history_tokens} / {p.context}",
+                           str(p.tokens_generated), ProgressBar(total=p.planned_tokens, completed=p.done_tokens,
+                                                                width=20))  # fmt: skip
         return Group(workers, agents)
 
     def close(self) -> None:

@@ -282,7 +282,8 @@ def measure_weight_stream(
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    out: np.ndarray = x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    return out
 
 
 def measure_quality(

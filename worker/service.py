@@ -20,7 +20,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.engine import KV_FORMATS, Engine, Sampling
+from worker.engine import Engine
+from worker.errors import SessionError
+from worker.formats import KV_FORMATS
+from worker.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,6 @@ class _Session:
     error: str = ""  # why the turn failed (reason "error"); the session's KV is freed
     first_token_s: float | None = None  # seconds from admission to this turn's first token
     admitted_at: float = 0.0
-
-
-class SessionError(ValueError):
-    """A request about a session that cannot be honoured (busy, unknown, bad tokens)."""
 
 
 class EngineWorker:

@@ -10,6 +10,14 @@ of the stop strings (the old rescan was O(stops x text^2) per token).
     scanner = StopScanner(("\\n\\n", "User:"))
     hit = scanner.feed(piece)   # index in the whole text where a stop string starts, or None
     safe = scanner.fed - scanner.held  # characters that are final output
+
+A `StopFilter` is what a stream keeps around its scanner (`Engine.stream` and a
+job's stream both use it): the text so far, cut at the first stop string, and
+how much of it has been given out.
+
+    out = StopFilter(("User:",))
+    piece = out.push(decoded)   # newly final text ("" while it may start a stop string)
+    rest = out.release()        # at the end: what was held back, now known to be text
 """
 
 from __future__ import annotations
@@ -112,6 +120,54 @@ class StopScanner:
         self.fed += len(text)
         self.hit = best
         return best
+
+
+class StopFilter:
+    """One stream's output text: cut at the first stop string, given out only once it is final.
+
+    NOTE: `emitted <= len(text)`, and text before `emitted` never changes (a stop string
+    can only start in the held-back tail).
+    """
+
+    def __init__(self, stops: Sequence[str], text: str = "", emitted: int = 0) -> None:
+        self.stops = tuple(stops)
+        self.text = text  # the decoded text so far (up to the stop string once one is found)
+        self.emitted = emitted  # characters of `text` already given out
+        self.stopped = False  # a stop string was found; later text is not part of the output
+        self._scanner: StopScanner | None = None  # fed `text` in order; made at the first push
+
+    def push(self, piece: str) -> str:
+        """Adds one piece of decoded text; returns the text that became final (all of it up to a stop string)."""
+        if self._scanner is None:
+            self._scanner = StopScanner(self.stops)
+            self._scanner.feed(self.text)  # the text so far (a stream resumed from a record)
+        self.text += piece
+        hit = self._scanner.feed(piece)
+        if hit is not None:
+            self.text = self.text[:hit]
+            self.stopped = True
+            safe = hit
+        else:
+            safe = len(self.text) - self._scanner.held
+        out = self.text[self.emitted : safe]
+        self.emitted = max(self.emitted, safe)
+        return out
+
+    def end(self, tail: str = "") -> None:
+        """The stream ended: `tail` (the decoder's last text) is output too, unless a stop string was found."""
+        if not self.stopped:
+            self.text += tail
+
+    def release(self) -> str:
+        """What is still held back, now given out (after `end`: nothing more can start a stop string)."""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out
+
+    @property
+    def final(self) -> str:
+        """The text given out so far."""
+        return self.text[: self.emitted]
 
 
 def find_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -35,12 +35,9 @@ import tokenizers
 from tokenizers import AddedToken, Regex, models, pre_tokenizers
 
 from worker import chat
+from worker.errors import MetadataError
 
 __all__ = ["MetadataError", "StreamDecoder", "TokenType", "Tokenizer"]
-
-
-class MetadataError(ValueError):
-    """The GGUF tokenizer metadata is missing, malformed or unsupported."""
 
 
 class TokenType:

@@ -13,8 +13,7 @@ namespace kvs {
 static bool cpu_has_avx2() {
 #if defined(KVS_HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif
@@ -61,12 +60,12 @@ const Kernels& kernels_for(const std::string& level) {
 #endif
   std::string have;
   for (const auto& l : available_isa_levels()) have += (have.empty() ? "" : ", ") + l;
-  throw std::invalid_argument("ISA level '" + level + "' is not available on this machine (available: " +
-                              have + "); unset KVSWARM_ISA or pick one of those");
+  throw std::invalid_argument("ISA level '" + level + "' is not available on this machine (available: " + have +
+                              "); unset KVSWARM_ISA or pick one of those");
 }
 
 const Kernels& active_kernels() {
-  static const Kernels& k = [] () -> const Kernels& {
+  static const Kernels& k = []() -> const Kernels& {
     const char* forced = std::getenv("KVSWARM_ISA");
     if (forced != nullptr && *forced != '\0') return kernels_for(forced);
     return kernels_for(available_isa_levels().back());

@@ -44,8 +44,8 @@ struct Kernels {
   float (*dot_q)(GgmlType type, const void* w, const BlockQ8A* a, int64_t n);
   // One weight row against T activation rows: out[t * out_stride] = w . a_t, where
   // a_t = a + t * a_stride blocks. Each weight block is decoded once for all T rows.
-  void (*dot_q_batch)(GgmlType type, const void* w, const BlockQ8A* a, int64_t a_stride, int T, int64_t n,
-                      float* out, int64_t out_stride);
+  void (*dot_q_batch)(GgmlType type, const void* w, const BlockQ8A* a, int64_t a_stride, int T, int64_t n, float* out,
+                      int64_t out_stride);
   // One KV block of cnt positions for one kv head; row j lives at row0 + j * stride.
   // s (G, ld): s[g*ld + j] = q_g . k_j for the G query heads of the group.
   // q: (G, hd) floats (f32/f16 keys); qq: (G, hd/32) quantized copies (q8_0, q8_head, q4_0 keys).
@@ -54,8 +54,8 @@ struct Kernels {
   void (*attn_scores)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq,
                       int G, int hd, float* s, int ld);
   // acc (G, hd) += sum_j w[g*ld + j] * v_j over the cnt V rows of one block.
-  void (*attn_accum)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* w, int ld, float* acc,
-                     int G, int hd);
+  void (*attn_accum)(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* w, int ld, float* acc, int G,
+                     int hd);
   // x[i] = exp(x[i] - mx) for i < n; returns their sum.
   float (*exp_sum)(float* x, int n, float mx);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].

@@ -47,7 +47,9 @@ void dequant_q8_0(const BlockQ8_0* b, float* dst, int64_t nb) {
 
 void dequant_row(GgmlType type, const void* src, float* dst, int64_t n) {
   switch (type) {
-    case GgmlType::F32: std::memcpy(dst, src, sizeof(float) * n); return;
+    case GgmlType::F32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
     case GgmlType::F16: {
       const auto* h = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
@@ -58,18 +60,32 @@ void dequant_row(GgmlType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
       return;
     }
-    case GgmlType::Q4_0: dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK); return;
-    case GgmlType::Q4_1: dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK); return;
-    case GgmlType::Q8_0: dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK); return;
+    case GgmlType::Q4_0:
+      dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+      return;
+    case GgmlType::Q4_1:
+      dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+      return;
+    case GgmlType::Q8_0:
+      dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+      return;
   }
 }
 
 void kv_load_row(KvFormat f, const void* src, float* dst, int head_dim) {
   switch (f) {
-    case KvFormat::F32: std::memcpy(dst, src, sizeof(float) * head_dim); return;
-    case KvFormat::F16: dequant_row(GgmlType::F16, src, dst, head_dim); return;
-    case KvFormat::Q8_0: dequant_row(GgmlType::Q8_0, src, dst, head_dim); return;
-    case KvFormat::Q4_0: dequant_row(GgmlType::Q4_0, src, dst, head_dim); return;
+    case KvFormat::F32:
+      std::memcpy(dst, src, sizeof(float) * head_dim);
+      return;
+    case KvFormat::F16:
+      dequant_row(GgmlType::F16, src, dst, head_dim);
+      return;
+    case KvFormat::Q8_0:
+      dequant_row(GgmlType::Q8_0, src, dst, head_dim);
+      return;
+    case KvFormat::Q4_0:
+      dequant_row(GgmlType::Q4_0, src, dst, head_dim);
+      return;
     case KvFormat::Q8_HEAD: {
       float s;
       std::memcpy(&s, src, sizeof(float));
@@ -137,7 +153,8 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
       }
       return sum;
     }
-    default: break;
+    default:
+      break;
   }
   return 0.0f;  // float weight types never take the quantized path
 }
@@ -151,8 +168,10 @@ float score_row(KvFormat f, const uint8_t* krow, const float* q, const BlockQ8A*
       kv_load_row(f, krow, k, hd);
       return dot_f32(q, k, hd);
     }
-    case KvFormat::Q8_0: return dot_q(GgmlType::Q8_0, krow, qq, hd);
-    case KvFormat::Q4_0: return dot_q(GgmlType::Q4_0, krow, qq, hd);
+    case KvFormat::Q8_0:
+      return dot_q(GgmlType::Q8_0, krow, qq, hd);
+    case KvFormat::Q4_0:
+      return dot_q(GgmlType::Q4_0, krow, qq, hd);
     case KvFormat::Q8_HEAD: {
       float sk;
       std::memcpy(&sk, krow, sizeof(float));
@@ -225,8 +244,8 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 }
 
 const Kernels& kernels_ref() {
-  static const Kernels k{"ref", dot_f32, axpy_f32, dequant_row, kv_load_row,
-                         quantize_act, dot_q, dot_q_batch, attn_scores, attn_accum, exp_sum, silu_mul};
+  static const Kernels k{"ref", dot_f32,     axpy_f32,    dequant_row, kv_load_row, quantize_act,
+                         dot_q, dot_q_batch, attn_scores, attn_accum,  exp_sum,     silu_mul};
   return k;
 }
 

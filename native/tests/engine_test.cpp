@@ -4,12 +4,12 @@
 // batched decode, multi-turn append, prefix sharing, a KV budget that runs out,
 // a budget move and scoring. A file that is rejected must be rejected with an
 // exception, never a crash or a sanitizer report. Prints "N loaded, M rejected".
+#include "../engine.h"
+
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
-
-#include "../engine.h"
 
 using kvs::Engine;
 using kvs::EngineOptions;

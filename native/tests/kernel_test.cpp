@@ -45,8 +45,12 @@ std::vector<uint8_t> make_row(GgmlType type, const std::vector<float>& x, std::m
   const size_t n = x.size();
   std::vector<uint8_t> out(row_bytes(type, static_cast<int64_t>(n)));
   switch (type) {
-    case GgmlType::F32: std::memcpy(out.data(), x.data(), 4 * n); break;
-    case GgmlType::F16: kv_store_row(KvFormat::F16, x.data(), out.data(), static_cast<int>(n)); break;
+    case GgmlType::F32:
+      std::memcpy(out.data(), x.data(), 4 * n);
+      break;
+    case GgmlType::F16:
+      kv_store_row(KvFormat::F16, x.data(), out.data(), static_cast<int>(n));
+      break;
     case GgmlType::BF16: {
       auto* h = reinterpret_cast<uint16_t*>(out.data());
       for (size_t i = 0; i < n; ++i) {
@@ -56,8 +60,12 @@ std::vector<uint8_t> make_row(GgmlType type, const std::vector<float>& x, std::m
       }
       break;
     }
-    case GgmlType::Q8_0: kv_store_row(KvFormat::Q8_0, x.data(), out.data(), static_cast<int>(n)); break;
-    case GgmlType::Q4_0: kv_store_row(KvFormat::Q4_0, x.data(), out.data(), static_cast<int>(n)); break;
+    case GgmlType::Q8_0:
+      kv_store_row(KvFormat::Q8_0, x.data(), out.data(), static_cast<int>(n));
+      break;
+    case GgmlType::Q4_0:
+      kv_store_row(KvFormat::Q4_0, x.data(), out.data(), static_cast<int>(n));
+      break;
     case GgmlType::Q4_1: {
       auto* b = reinterpret_cast<BlockQ4_1*>(out.data());
       std::uniform_int_distribution<int> nib(0, 255);
@@ -89,7 +97,8 @@ void test_level(const Kernels& k, const Kernels& ref) {
     for (int i = 0; i < n; ++i) ok = ok && close(y1[i], y2[i], std::fabs(y2[i]), 1e-6);
     check(ok, L + " axpy_f32 n=" + std::to_string(n));
   }
-  const GgmlType types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
+  const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
+                            GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
   for (GgmlType t : types) {
     const int n = 32 * 9;
     auto x = randn(rng, n, 0.5f);

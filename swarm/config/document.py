@@ -29,7 +29,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            anchor = self.peek_event().anchor
+            anchor = self.peek_event().anchor  # type: ignore[no-untyped-call]  # PyYAML's own annotation gap
             target = self.anchors.get(anchor)
             if target is not None and id(target) not in self._size:
                 raise _DocumentTooBig(f"alias *{show(anchor, 32)} refers to a node that contains it (a cycle)")
@@ -41,6 +41,7 @@ class _BoundedLoader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        assert node is not None  # compose_node returns None only at the end of the stream
         if isinstance(node, yaml.ScalarNode):
             size = (1, len(node.value), 1)
         else:

@@ -179,7 +179,7 @@ def load_config(source: str | Path | dict[str, Any]) -> SwarmConfig:
 
 def load_data(data: Any) -> SwarmConfig:
     """Validates parsed config data (a mapping); ConfigError names the field path."""
-    cfg = _load(SwarmConfig, data, "")
+    cfg: SwarmConfig = _load(SwarmConfig, data, "")
     cross_check(cfg)
     return cfg
 

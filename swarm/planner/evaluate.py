@@ -110,8 +110,10 @@ class _Model:
         fits = kv <= self.free_bytes(di, n, max_ctx)
         qual = self.qual_ok[di][present].all(axis=0) if n else np.ones(len(self.pairs), dtype=bool)
         cal = self.devices[di].calibration
-        t = cal.weight_time(n) + self.attn[di] * self.geom.n_layer * float(counts @ self.context) if n else None
-        tps = np.where(fits & qual & ~np.isnan(self.attn[di]), n / t, 0.0) if n else np.zeros(len(self.pairs))
+        if not n:
+            return kv, fits, qual, np.zeros(len(self.pairs))
+        t = cal.weight_time(n) + self.attn[di] * self.geom.n_layer * float(counts @ self.context)
+        tps = np.where(fits & qual & ~np.isnan(self.attn[di]), n / t, 0.0)
         return kv, fits, qual, np.nan_to_num(tps)
 
     def choose(self, di: int, counts: np.ndarray) -> _Choice | None:
