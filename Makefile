@@ -65,6 +65,7 @@ NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/
 test: build arm-tools browser clang-format-tool
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(VENV)/bin/ruff format --check swarm worker tests bench
+	$(VENV)/bin/mypy
 	@if command -v clang-format >/dev/null; then clang-format --dry-run --Werror $(NATIVE_FORMATTED); fi
 	$(PY) -m pytest -q
 
@@ -72,6 +73,7 @@ lint: setup
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(VENV)/bin/ruff format --check swarm worker tests bench
 	clang-format --dry-run --Werror $(NATIVE_FORMATTED)
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff format swarm worker tests bench

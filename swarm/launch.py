@@ -46,7 +46,7 @@ def launch(
     echo: Callable[[str], None] = print,
     live: bool = True,
     timeout_s: float | None = None,
-    calibrate: Callable[[Path, str, int], dict] | None = None,
+    calibrate: Callable[[Path, str, int], dict[str, Any]] | None = None,
     on_tick: Callable[[SwarmRun], None] | None = None,
 ) -> dict[str, Any]:
     """Plans, starts Ray (or joins one), runs the swarm to the end, writes transcripts and a summary."""

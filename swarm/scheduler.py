@@ -42,6 +42,7 @@ from ray.util import state as ray_state
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from swarm.errors import CallRefused, SchedulerError, WorkerLost
 from swarm.runtime.names import compact_names, expand_names
 from swarm.runtime.placement import Reservation
 from swarm.scheduler_connect import (
@@ -53,10 +54,7 @@ from swarm.scheduler_connect import (
     NODE_LABEL,
     OWNER_ENV,
     TIMEOUT_S,
-    CallRefused,
     Connection,
-    SchedulerError,
-    WorkerLost,
     _owner_id,
     auth_token_path,
     cluster_resources,
@@ -139,7 +137,7 @@ class MeteredEngineWorker(EngineWorker):
         self._m_queue.set(s["queue_depth"], tags=self._tags)
 
     def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+        return str(ray.get_runtime_context().get_node_id())
 
     def ready(self) -> bool:
         return True
@@ -286,7 +284,9 @@ class Scheduler:
             raise WorkerLost(f"worker {worker!r} is not running")
         return h
 
-    def submit(self, worker: str, session: str, turn: int, tokens: list[int], sampling: dict, fresh: bool) -> None:
+    def submit(
+        self, worker: str, session: str, turn: int, tokens: list[int], sampling: dict[str, Any], fresh: bool
+    ) -> None:
         h = self._live(worker)
         _get([h.actor.submit.remote(session, turn, tokens, sampling, fresh)], CALL_TIMEOUT_S, worker, h)
 
@@ -302,13 +302,13 @@ class Scheduler:
             with contextlib.suppress(CallRefused):  # the session is gone either way
                 _get([h.actor.end.remote(session)], CALL_TIMEOUT_S, worker, h)
 
-    def drain_all(self) -> dict[str, dict[str, dict] | WorkerLost]:
+    def drain_all(self) -> dict[str, dict[str, dict[str, Any]] | WorkerLost]:
         """Each live worker's new tokens; a worker that died maps to a WorkerLost."""
         live = [h for h in self.workers.values() if h.alive]
         refs = [h.actor.drain.remote() for h in live]
         return dict(zip([h.spec.name for h in live], _gather(refs, live), strict=True))
 
-    def states(self) -> dict[str, dict | WorkerLost]:
+    def states(self) -> dict[str, dict[str, Any] | WorkerLost]:
         """Every live worker's state(); safe to call while another thread places workers (a copy is iterated)."""
         live = [h for h in list(self.workers.values()) if h.alive]
         refs = [h.actor.state.remote() for h in live]
@@ -352,7 +352,8 @@ def _spec_dict(spec: WorkerSpec) -> dict[str, Any]:
 
 def _get(refs: list[Any], timeout_s: float, what: str, h: WorkerHandle | None = None) -> list[Any]:
     try:
-        return ray.get(refs, timeout=timeout_s)
+        out: list[Any] = ray.get(refs, timeout=timeout_s)
+        return out
     except ray.exceptions.GetTimeoutError as e:
         if h is not None:
             h.alive = False
@@ -422,9 +423,9 @@ def placement(swarm: str | None = None, timeout_s: int = 30) -> dict[str, Any]:
     return {"workers": workers, "placement_groups": groups}
 
 
-def worker_states(timeout_s: float = CALL_TIMEOUT_S) -> dict[str, dict | str]:
+def worker_states(timeout_s: float = CALL_TIMEOUT_S) -> dict[str, dict[str, Any] | str]:
     """state() of every named EngineWorker in the kvswarm namespace."""
-    out: dict[str, dict | str] = {}
+    out: dict[str, dict[str, Any] | str] = {}
     for name in sorted(ray.util.list_named_actors()):
         try:
             actor = ray.get_actor(name, namespace=NAMESPACE)

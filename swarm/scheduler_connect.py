@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 from ray._private import ray_constants
 
-from swarm.errors import SwarmError
+from swarm.errors import SchedulerError
 
 NAMESPACE = "kvswarm"
 KV_RESOURCE = "kv_bytes"
@@ -29,18 +29,6 @@ TIMEOUT_S = 120.0  # placement and worker start (a cold start may calibrate)
 CALL_TIMEOUT_S = 30.0  # one request to a running worker
 CALIBRATE_TIMEOUT_S = 1800.0  # a worker that measures itself on start (cached after the first time)
 LOOPBACK = "127.0.0.1"  # a Ray this process starts listens here only (GCS, raylet, workers, agents, dashboard)
-
-
-class SchedulerError(SwarmError):
-    """Ray could not do what the plan needs (no node offers a resource, a worker died)."""
-
-
-class WorkerLost(SchedulerError):
-    """A worker actor died or stopped answering."""
-
-
-class CallRefused(SchedulerError):
-    """A running worker raised on one call (a turn it cannot take); the worker itself is fine."""
 
 
 # -- connecting ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import logging
 
 import grpc
 
-from swarm import scheduler
 from swarm.errors import (
     AlreadyExists,
     ConfigError,
@@ -34,8 +33,6 @@ CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NoFeasiblePlan, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (SchedulerError, grpc.StatusCode.UNAVAILABLE),
-    # TODO(issue 14): drop once swarm/scheduler.py imports its errors from swarm.errors (then the same class).
-    (scheduler.SchedulerError, grpc.StatusCode.UNAVAILABLE),
     (SwarmError, grpc.StatusCode.FAILED_PRECONDITION),
 ]
 

@@ -210,13 +210,13 @@ def diff(plan: Plan, current: Current) -> PlacementChange:
     resize, start, reserve, held = [], [], [], {}
     for w, wp in planned.items():
         names = tuple(sorted((n for n, x in assignment.items() if x == w), key=agent_key))
-        now = current.workers.get(w)
-        if now is None or w in stopped:
+        here = current.workers.get(w)
+        if here is None or w in stopped:
             start.append(WorkerStart(wp, names))
-        elif now.kv_budget_bytes != kv_budget(wp):
+        elif here.kv_budget_bytes != kv_budget(wp):
             resize.append(WorkerResize(w, kv_budget(wp), names))
         held[w] = reservations(wp, assignment, groups)
-        if now is None or w in stopped or held[w] != now.reservations:
+        if here is None or w in stopped or held[w] != here.reservations:
             reserve.append(w)
     return PlacementChange(tuple(stop), tuple(resize), tuple(start), moves, tuple(reserve), held, assignment)
 
