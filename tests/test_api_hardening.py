@@ -128,6 +128,23 @@ def test_2_model_path_names_only_served_models(api: dict[str, Any], tmp_path: Pa
     _alive(api)
 
 
+def test_2_a_calibration_file_is_never_read_over_the_api(api: dict[str, Any], tmp_path: Path) -> None:
+    # workers[].calibration_file names a file on the server: a client may not make the server read one.
+    c = api["client"]
+    canary = _canary(tmp_path)
+    before = canary.stat().st_atime_ns
+    doc = CONFIG.replace(
+        "  - name: big\n    kind: virtual\n    device: x86-host",
+        f"  - name: big\n    kind: local\n    calibration_file: '{canary}'",
+    )
+    assert "calibration_file" in doc
+    for call in (c.plan, c.launch):
+        got, msg = _code(lambda call=call: call(doc))
+        assert got == INVALID and msg.startswith("workers[0].calibration_file: is not accepted over the API"), msg
+    assert canary.stat().st_atime_ns == before
+    _alive(api)
+
+
 def test_2_models_dir_serves_its_models_and_nothing_else(api: dict[str, Any], tmp_path: Path) -> None:
     import refmodel
 
