@@ -134,3 +134,14 @@ def test_names_that_cannot_become_ray_or_file_names_are_refused(field: str, valu
         doc["workers"][0]["name"] = value
     with pytest.raises(ConfigError, match=re.escape(field) + ": .* is not a usable name"):
         load_config(doc)
+
+
+def test_the_quality_floor_is_bounded_and_can_be_removed() -> None:
+    base = {"name": "q", "agents": [{"name": "a", "count": 1, "context": 64}]}
+    with pytest.raises(ConfigError, match=r"policy\.quality_floor\.min_top1: 1.5 is above 1"):
+        load_config({**base, "policy": {"quality_floor": {"min_top1": 1.5}}})
+    with pytest.raises(ConfigError, match=r"policy\.quality_floor\.max_kl"):
+        load_config({**base, "policy": {"quality_floor": {"max_kl": -0.1}}})
+    off = load_config({**base, "policy": {"quality_floor": {"max_kl": None, "min_top1": None}}})
+    assert off.policy.quality_floor.max_kl is None and off.policy.quality_floor.min_top1 is None
+    assert load_config(base).policy.quality_floor.max_kl == 0.01  # the default, docs/PLANNER.md

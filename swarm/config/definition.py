@@ -79,7 +79,9 @@ def _doc(text: str, **extra: Any) -> dict[str, Any]:
 @dataclass(frozen=True)
 class QualityFloor:
     max_kl: float | None = field(default=None, metadata=_doc("mean KL vs f32 KV at most this (nats)", min=0))
-    min_top1: float | None = field(default=None, metadata=_doc("top-1 agreement with f32 KV at least this", min=0))
+    min_top1: float | None = field(
+        default=None, metadata=_doc("top-1 agreement with f32 KV at least this", min=0, max=1)
+    )
 
 
 @dataclass(frozen=True)
