@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from peer import Peer, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
+from peer import Peer, print_best_of_any_kv, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
 
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
@@ -131,16 +131,7 @@ def main() -> None:
             print(f"{n:4d} {kv:>5} {show(cell['ours']['tokens_per_s'])} {row} {ratio} {best or 'n/a':>8}", flush=True)
 
     print("\n# best of any KV type per sequence count (tok/s medians)")
-    for n in args.n_seq:
-        at = [c for c in cells if c["n_seq"] == n]
-        o = max(at, key=lambda c: c["ours"]["tokens_per_s"]["median"])
-        theirs_best = [
-            (t["tokens_per_s"]["median"], c["kv"], k) for c in at for k, t in c["peer"].items() if "tokens_per_s" in t
-        ]
-        if theirs_best:
-            rate, pkv, pcfg = max(theirs_best)
-            om = o["ours"]["tokens_per_s"]["median"]
-            print(f"# {n} seqs: ours {om:.1f} ({o['kv']}) / llama.cpp {rate:.1f} ({pkv} {pcfg}) = {om / rate:.2f}")
+    print_best_of_any_kv(cells, "n_seq", args.n_seq, "{} seqs")
     cached = sum(t["cached"] for c in cells for t in c["peer"].values())
     print(f"# llama-cpp-python {peer.version}; peer configurations from cache: {cached}; {time.time() - started:.0f} s")
     parameters = {

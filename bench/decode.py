@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from peer import Peer, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
+from peer import Peer, print_best_of_any_kv, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
 
 from worker import _native
 from worker.engine import Engine, Sampling
@@ -156,16 +156,7 @@ def main() -> None:
             f"{show(c['peer'][best]['prefill_tokens_per_s'] if best else None)} {best or 'n/a':>5} {ratio}"
         )
     print("\n# best of any KV type per depth (decode tok/s medians)")
-    for d in args.depths:
-        at = [c for c in cells if c["depth"] == d]
-        o = max(at, key=lambda c: c["ours"]["tokens_per_s"]["median"])
-        theirs_best = [
-            (t["tokens_per_s"]["median"], c["kv"], n) for c in at for n, t in c["peer"].items() if "tokens_per_s" in t
-        ]
-        if theirs_best:
-            rate, pkv, pcfg = max(theirs_best)
-            om = o["ours"]["tokens_per_s"]["median"]
-            print(f"# depth {d}: ours {om:.1f} ({o['kv']}) / llama.cpp {rate:.1f} ({pkv} {pcfg}) = {om / rate:.2f}")
+    print_best_of_any_kv(cells, "depth", args.depths, "depth {}")
     cached = sum(t["cached"] for c in cells for t in c["peer"].values())
     print(f"# llama-cpp-python {peer.version}; peer configurations from cache: {cached}; {time.time() - started:.0f} s")
     parameters = {

@@ -136,6 +136,25 @@ class Peer:
         self.proc.wait(timeout=60)
 
 
+def print_best_of_any_kv(cells: list[dict[str, Any]], key: str, values: list[int], label: str) -> None:
+    """One line per value of cells' `key`: our best median over llama.cpp's best of every KV type and config."""
+    for v in values:
+        at = [c for c in cells if c[key] == v]
+        if not at:
+            continue
+        o = max(at, key=lambda c: c["ours"]["tokens_per_s"]["median"])
+        theirs = [
+            (t["tokens_per_s"]["median"], c["kv"], n) for c in at for n, t in c["peer"].items() if "tokens_per_s" in t
+        ]
+        if theirs:
+            rate, pkv, pcfg = max(theirs)
+            om = o["ours"]["tokens_per_s"]["median"]
+            print(
+                f"# {label.format(v)}: ours {om:.1f} ({o['kv']}) / llama.cpp {rate:.1f} ({pkv} {pcfg}) "
+                f"= {om / rate:.2f}"
+            )
+
+
 def machine() -> dict[str, Any]:
     """What the record says about where it ran."""
     cpu, flags = "", set()
