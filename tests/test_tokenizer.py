@@ -232,9 +232,11 @@ def test_render_chat_without_template(meta: dict[str, Any]) -> None:
         (lambda m: m.pop("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens"),
         (lambda m: m.pop("tokenizer.ggml.merges"), "tokenizer.ggml.merges"),
         (lambda m: m.pop("tokenizer.ggml.model"), "tokenizer.ggml.model"),
-        (lambda m: m.update({"tokenizer.ggml.model": "llama"}), "SentencePiece"),
+        # a SentencePiece vocabulary needs scores, which this byte-level file lacks
+        (lambda m: m.update({"tokenizer.ggml.model": "llama"}), "tokenizer.ggml.scores"),
         (lambda m: m.update({"tokenizer.ggml.model": "bert"}), "unsupported"),
-        (lambda m: m.update({"tokenizer.ggml.pre": "llama-bpe"}), "llama-bpe"),
+        (lambda m: m.update({"tokenizer.ggml.pre": "no-such-pre"}), "no-such-pre.*Supported: .*qwen2"),
+        (lambda m: m.update({"tokenizer.ggml.pre": "gpt2"}), "spells GPT-2's 'gpt-2'"),
         (
             lambda m: m.update({"tokenizer.ggml.tokens": [1, 2, 3]}),
             "tokenizer.ggml.tokens",

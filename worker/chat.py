@@ -3,6 +3,10 @@
 Follows `apply_chat_template`'s environment: sandboxed, `trim_blocks`/`lstrip_blocks`, the
 `loopcontrols` extension, `raise_exception`, `strftime_now` and a `tojson` without HTML escaping.
 `worker.tokenizer.Tokenizer.render_chat` is the caller; this module knows nothing of tokens.
+
+`GEMMA_TEMPLATE` is our own template for Gemma's turn format, used when a Gemma-style vocabulary
+(`<start_of_turn>`/`<end_of_turn>`) comes in a file without `tokenizer.chat_template`, as the
+Gemma 3 270M GGUF does.
 """
 
 from __future__ import annotations
@@ -15,6 +19,32 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
+
+# Gemma's chat format (Gemma 3 model card / ai.google.dev "formatting" page): BOS, then per turn
+# "<start_of_turn>{user|model}\n{content}<end_of_turn>\n"; a system message has no turn of its
+# own but goes before the first user message followed by a blank line; turns alternate user/model,
+# user first; contents are trimmed; the generation prompt opens a model turn.
+GEMMA_TEMPLATE = r"""{{- bos_token -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set prefix = messages[0]['content'] ~ '\n\n' -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set prefix = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+    {%- if m['role'] != ('user' if loop.index0 % 2 == 0 else 'assistant') -%}
+        {{- raise_exception('Gemma chats alternate user and assistant messages, user first (after an optional '
+            ~ 'system message); message ' ~ (messages | length - turns | length + loop.index0) ~ ' has role '
+            ~ m['role']) -}}
+    {%- endif -%}
+    {{- '<start_of_turn>' ~ ('model' if m['role'] == 'assistant' else 'user') ~ '\n' -}}
+    {{- (prefix if loop.first else '') ~ (m['content'] | trim) ~ '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
 
 
 def _raise_exception(message: str) -> None:
