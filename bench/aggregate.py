@@ -3,14 +3,15 @@ prompts), ours (one batched step per token of every sequence) against llama.cpp
 (one llama_decode per step over a batch with one token of each sequence id); both
 prefill and take one step untimed, then time n_new steps of n_seq tokens each.
 
-    .venv/bin/python bench/aggregate.py [--peer-python PATH]
+    .venv/bin/python bench/aggregate.py [--model PATH|NAME] [--peer-python PATH]
 
 llama.cpp runs four configurations per cell: its KV cache unified (one cache that
 every sequence's attention spans, masked) or split per sequence (kv_unified off),
 each with flash attention off and on. Each cell alternates --rounds samples: ours,
 the four llama.cpp configurations, ours, ... and prints median (min-max); the
 ratio is our median over llama.cpp's best median (named in 'best'). Both sides
-and the setup go to bench/results/aggregate.json.
+and the setup go to bench/results/aggregate.json (aggregate-<model>.json for another
+--model: a path or a name `swarm models` lists).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import os
 import sys
 import time
 
-from peer import Peer, print_best_of_any_kv, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
+from peer import (  # bench/peer.py (bench scripts run from bench/)
+    Peer,
+    check_prompt_vocab,
+    print_best_of_any_kv,
+    record_name,
+    show,
+    spread,
+    write_record,
+)  # bench/peer.py (bench scripts run from bench/)
 
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
@@ -63,7 +72,9 @@ def ours_sample(eng: Engine, n_seq: int, prompt_len: int, n_new: int) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument(
+        "--model", default=None, help="GGUF path or a name `swarm models` lists (default: the default model)"
+    )
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--n-seq", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--kv", nargs="+", default=["f16", "q8_0"])
@@ -78,6 +89,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     model = resolve_model(args.model)
+    check_prompt_vocab(model)
     peer = Peer(args.peer_python, model, args.peer_cache)
 
     def configs(kv: str, n: int) -> dict[str, dict]:
@@ -145,7 +157,9 @@ def main() -> None:
         "kv": args.kv,
         "peer_configs": {k: {"kv_unified": u, "flash_attn": fa} for k, (u, fa) in PEER_CONFIGS.items()},
     }
-    print(f"# written: {write_record('aggregate', parameters, cells, peer_version=peer.version)}")
+    print(
+        f"# written: {write_record(record_name('aggregate', args.model), parameters, cells, peer_version=peer.version)}"
+    )
     peer.save()
     peer.close()
 

@@ -1,12 +1,12 @@
 """Single-sequence decode and prefill speed, side by side with llama.cpp (same
 GGUF, same threads, same KV type), printed as ratios of medians.
 
-    .venv/bin/python bench/decode.py [--peer-python PATH] [--depths 0 512] [--kv f16 q8_0 q4_0]
+    .venv/bin/python bench/decode.py [--model PATH|NAME] [--peer-python PATH] [--depths 0 512] [--kv f16 q8_0 q4_0]
 
 Each cell (depth, KV type) alternates --rounds samples: ours, llama.cpp with flash
 attention off, on, ours, ... and prints median (min-max) per side; the ratio is
 our median over llama.cpp's better median. Both sides and the setup go to
-bench/results/decode.json. The llama.cpp side runs bench/llama_peer.py under
+bench/results/decode.json (decode-<model>.json for another --model). The llama.cpp side runs bench/llama_peer.py under
 --peer-python (default: this interpreter), which needs `pip install
 llama-cpp-python` (it compiles llama.cpp).
 """
@@ -19,8 +19,17 @@ import os
 import sys
 import time
 
-from peer import Peer, print_best_of_any_kv, show, spread, write_record  # bench/peer.py (bench scripts run from bench/)
+from peer import (  # bench/peer.py (bench scripts run from bench/)
+    Peer,
+    check_prompt_vocab,
+    print_best_of_any_kv,
+    record_name,
+    show,
+    spread,
+    write_record,
+)  # bench/peer.py (bench scripts run from bench/)
 
+from swarm.gguf_header import read_geometry
 from worker import _native
 from worker.engine import Engine, Sampling
 from worker.models import resolve_model
@@ -58,7 +67,9 @@ def ours_sample(eng: Engine, depth: int, n_decode: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument(
+        "--model", default=None, help="GGUF path or a name `swarm models` lists (default: the default model)"
+    )
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
     ap.add_argument("--kv", nargs="+", default=["f32", "f16", "q8_0", "q8_head", "q4_0"])
@@ -72,6 +83,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     model = resolve_model(args.model)
+    check_prompt_vocab(model)
+    geom = read_geometry(model)
     peer = Peer(args.peer_python, model, args.peer_cache)
 
     def configs(kv: str, depth: int) -> dict[str, dict]:
@@ -109,7 +122,14 @@ def main() -> None:
             load = os.getloadavg()[0]  # other tenants' work: the doc quotes it next to the figures
             eng = Engine(model, kv_k=kv, kv_v=kv, threads=args.threads, max_batch_tokens=PREFILL_LEN)
             mem = eng.memory()
-            step_bytes = mem["weight_bytes"] + (max(d, 1) + 1) * mem["bytes_per_token"]
+            # weights one sequence's step reads (a mixture of experts: k experts a layer, not all),
+            # the global layers' cache, and the sliding layers' up to their window
+            positions = max(d, 1) + 1
+            step_bytes = (
+                int(geom.stream_bytes(1))
+                + positions * mem["bytes_per_token"]
+                + min(positions, geom.sliding_window) * mem.get("swa_bytes_per_token", 0)
+            )
             mine, theirs = peer.cell(configs(kv, d), args.rounds, functools.partial(ours_sample, eng, d, args.n_decode))
             del eng
             cell: dict = {
@@ -169,7 +189,13 @@ def main() -> None:
         "depths": args.depths,
         "kv": args.kv,
     }
-    path = write_record("decode", parameters, cells, peer_version=peer.version, read_bandwidth_bytes_per_s=bandwidth)
+    path = write_record(
+        record_name("decode", args.model),
+        parameters,
+        cells,
+        peer_version=peer.version,
+        read_bandwidth_bytes_per_s=bandwidth,
+    )
     print(f"# written: {path}")
     peer.save()
     peer.close()

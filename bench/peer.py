@@ -198,3 +198,28 @@ def write_record(name: str, parameters: dict[str, Any], cells: list[dict[str, An
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
+
+
+def record_name(bench: str, model: str | None) -> str:
+    """bench/results/<name>.json's name: the bench's own for the default model, else with the model's name
+    (so a run on another model never overwrites the default model's record)."""
+    if model in (None, "", "default"):
+        return bench
+    slug = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(str(model)).name.removesuffix(".gguf"))
+    return f"{bench}-{slug}"
+
+
+# Both sides' prompts use token ids up to this (llama_peer.prompt_tokens: (17 s + 31 i) % 40000 + 100).
+PROMPT_MAX_TOKEN = 40099
+
+
+def check_prompt_vocab(model: Path) -> None:
+    """Exits with the fix when the model's vocabulary is too small for the shared prompt token ids."""
+    from swarm.gguf_header import read_geometry
+
+    n_vocab = read_geometry(model).n_vocab
+    if n_vocab <= PROMPT_MAX_TOKEN:
+        sys.exit(
+            f"{model}: vocabulary of {n_vocab} tokens; the benchmark prompts use ids up to {PROMPT_MAX_TOKEN}. "
+            "To fix: use a model with a larger vocabulary"
+        )

@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <mutex>
 #include <stdexcept>
 
+#include "backend/backend.h"
 #include "engine.h"
 #include "gguf.h"
 #include "kernels/kernels.h"
@@ -61,6 +63,193 @@ py::dict info_dict(const SequenceInfo& i) {
 
 std::vector<float> as_floats(const py::array_t<float, py::array::c_style | py::array::forcecast>& a) {
   return std::vector<float>(a.data(), a.data() + a.size());
+}
+
+}  // namespace
+
+// ---- The backend layer (issue 16): build facts, Vulkan device facts, and op hooks for tests. ----
+namespace {
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// One backend per (name, device), made on first use.
+// NOTE: never destroyed: Vulkan drivers tear down their own state at exit before static destructors run.
+Backend& cached_backend(const std::string& name, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, Backend*> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  Backend*& b = cache[{name, device}];
+  if (b == nullptr) b = make_backend(name, device).release();
+  return *b;
+}
+
+std::unique_ptr<Buffer> upload_bytes(Backend& be, const void* data, size_t bytes) {
+  auto buf = be.alloc(bytes);
+  if (bytes > 0) be.upload(*buf, data, bytes);
+  return buf;
+}
+
+py::array_t<float> download_floats(Backend& be, const Buffer& buf, std::vector<py::ssize_t> shape) {
+  py::array_t<float> out(shape);
+  be.download(buf, out.mutable_data(), sizeof(float) * static_cast<size_t>(out.size()));
+  return out;
+}
+
+py::dict device_dict(const VulkanDeviceInfo& i) {
+  py::dict d;
+  d["index"] = i.index;
+  d["name"] = i.name;
+  d["type"] = i.type;
+  d["vendor"] = i.vendor;
+  d["vendor_id"] = i.vendor_id;
+  d["device_id"] = i.device_id;
+  d["driver_name"] = i.driver_name;
+  d["driver_info"] = i.driver_info;
+  d["driver_version"] = i.driver_version;
+  d["api_version"] = i.api_version;
+  d["device_local_bytes"] = i.device_local_bytes;
+  d["device_local_budget"] = i.device_local_budget;
+  d["memory_budget_ext"] = i.memory_budget_ext;
+  d["subgroup_size"] = i.subgroup_size;
+  d["shader_int8"] = i.shader_int8;
+  d["shader_float16"] = i.shader_float16;
+  d["integer_dot_product"] = i.integer_dot_product;
+  d["integer_dot_4x8_accelerated"] = i.integer_dot_4x8_accelerated;
+  d["max_workgroup_size"] = i.max_workgroup_size;
+  d["max_storage_buffer_range"] = i.max_storage_buffer_range;
+  return d;
+}
+
+void bind_backend(py::module_& m) {
+  m.def("has_vulkan", &backend_has_vulkan, "True when this build has the Vulkan backend (glslc and headers found).");
+  m.def(
+      "vulkan_devices",
+      [] {
+        std::vector<VulkanDeviceInfo> devs;
+        {
+          py::gil_scoped_release release;
+          devs = vulkan_devices();
+        }
+        py::list out;
+        for (const VulkanDeviceInfo& i : devs) out.append(device_dict(i));
+        return out;
+      },
+      "Every Vulkan device: name, vendor, driver, heap size and budget, subgroup size, integer-dot support. "
+      "Raises RuntimeError naming what to install when Vulkan was not built or no loader is present.");
+  m.def(
+      "_backend_name", [](const std::string& backend, int device) { return cached_backend(backend, device).name(); },
+      py::arg("backend"), py::arg("device") = 0);
+
+  // W (rows, cols) as raw `type` bytes @ x (T, cols) -> (T, rows), on one backend.
+  m.def(
+      "_backend_matmul",
+      [](const std::string& backend, int device, const std::string& type, py::bytes raw, int64_t rows, int64_t cols,
+         FloatArray x) {
+        const GgmlType t = type_from_name(type);
+        const std::string w = raw;
+        if (rows <= 0 || cols <= 0 || w.size() != row_bytes(t, cols) * rows) {
+          throw std::invalid_argument("_backend_matmul: " + std::to_string(w.size()) +
+                                      " weight bytes, expected rows * " + "row_bytes(" + type + ", cols)");
+        }
+        if (x.ndim() != 2 || x.shape(1) != cols) throw std::invalid_argument("_backend_matmul: x must be (T, cols)");
+        const int T = static_cast<int>(x.shape(0));
+        Backend& be = cached_backend(backend, device);
+        auto wb = upload_bytes(be, w.data(), w.size());
+        auto xb = upload_bytes(be, x.data(), sizeof(float) * x.size());
+        auto yb = be.alloc(sizeof(float) * T * rows);
+        {
+          py::gil_scoped_release release;
+          be.matmul(t, *wb, rows, cols, *xb, T, *yb);
+        }
+        return download_floats(be, *yb, {T, static_cast<py::ssize_t>(rows)});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("type"), py::arg("raw"), py::arg("rows"), py::arg("cols"),
+      py::arg("x"));
+  // x (T, n), w (n,) -> (T, n)
+  m.def(
+      "_backend_rms_norm",
+      [](const std::string& backend, int device, FloatArray x, FloatArray w, float eps) {
+        if (x.ndim() != 2 || w.ndim() != 1 || w.shape(0) != x.shape(1)) {
+          throw std::invalid_argument("_backend_rms_norm: x (T, n) and w (n,) expected");
+        }
+        const int T = static_cast<int>(x.shape(0)), n = static_cast<int>(x.shape(1));
+        Backend& be = cached_backend(backend, device);
+        auto xb = upload_bytes(be, x.data(), sizeof(float) * x.size());
+        auto wb = upload_bytes(be, w.data(), sizeof(float) * w.size());
+        auto yb = be.alloc(sizeof(float) * x.size());
+        be.rms_norm(*xb, *wb, T, n, eps, *yb);
+        return download_floats(be, *yb, {T, n});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("x"), py::arg("w"), py::arg("eps"));
+  // x (T, n_head, head_dim), pos (T,) -> rotated copy; style 0 adjacent pairs, 1 half split.
+  m.def(
+      "_backend_rope",
+      [](const std::string& backend, int device, FloatArray x, py::array_t<int32_t, py::array::c_style> pos, int n_rot,
+         float base, int style) {
+        if (x.ndim() != 3 || pos.ndim() != 1 || pos.shape(0) != x.shape(0) || (style != 0 && style != 1)) {
+          throw std::invalid_argument("_backend_rope: x (T, n_head, head_dim), pos (T,), style 0 or 1 expected");
+        }
+        const int T = static_cast<int>(x.shape(0)), nh = static_cast<int>(x.shape(1)),
+                  hd = static_cast<int>(x.shape(2));
+        Backend& be = cached_backend(backend, device);
+        auto xb = upload_bytes(be, x.data(), sizeof(float) * x.size());
+        auto pb = upload_bytes(be, pos.data(), sizeof(int32_t) * pos.size());
+        be.rope(*xb, *pb, T, nh, hd, n_rot, base, static_cast<RopePairs>(style));
+        return download_floats(be, *xb, {T, nh, hd});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("x"), py::arg("pos"), py::arg("n_rot"), py::arg("base"),
+      py::arg("style"));
+  // act 0 silu, 1 gelu_tanh: act(g) * u over flat arrays.
+  m.def(
+      "_backend_gated",
+      [](const std::string& backend, int device, int act, FloatArray g, FloatArray u) {
+        if (g.size() != u.size() || g.size() == 0 || (act != 0 && act != 1)) {
+          throw std::invalid_argument("_backend_gated: g and u of one non-zero length, act 0 or 1 expected");
+        }
+        Backend& be = cached_backend(backend, device);
+        auto gb = upload_bytes(be, g.data(), sizeof(float) * g.size());
+        auto ub = upload_bytes(be, u.data(), sizeof(float) * u.size());
+        auto ob = be.alloc(sizeof(float) * g.size());
+        be.gated(static_cast<GateAct>(act), *gb, *ub, g.size(), *ob);
+        return download_floats(be, *ob, {static_cast<py::ssize_t>(g.size())});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("act"), py::arg("g"), py::arg("u"));
+  // q (T, n_head, head_dim) against one layer of a paged pool (raw bytes, kv_cache.h layout) through
+  // the block table `blocks` -> (T, n_head, head_dim).
+  m.def(
+      "_backend_attention",
+      [](const std::string& backend, int device, FloatArray q, py::bytes pool,
+         py::array_t<int32_t, py::array::c_style> blocks, int n_head_kv, int block_tokens, int n_past, float scale,
+         size_t block_bytes, size_t k_offset, size_t v_offset, const std::string& kv_k, const std::string& kv_v) {
+        if (q.ndim() != 3) throw std::invalid_argument("_backend_attention: q must be (T, n_head, head_dim)");
+        AttentionShape s;
+        s.T = static_cast<int>(q.shape(0));
+        s.n_head = static_cast<int>(q.shape(1));
+        s.head_dim = static_cast<int>(q.shape(2));
+        s.n_head_kv = n_head_kv;
+        s.block_tokens = block_tokens;
+        s.n_past = n_past;
+        s.scale = scale;
+        s.block_bytes = block_bytes;
+        s.k_offset = k_offset;
+        s.v_offset = v_offset;
+        s.k_format = kv_format_from_string(kv_k);
+        s.v_format = kv_format_from_string(kv_v);
+        const std::string raw = pool;
+        Backend& be = cached_backend(backend, device);
+        auto qb = upload_bytes(be, q.data(), sizeof(float) * q.size());
+        auto pb = upload_bytes(be, raw.data(), raw.size());
+        auto bb = upload_bytes(be, blocks.data(), sizeof(int32_t) * blocks.size());
+        auto ob = be.alloc(sizeof(float) * q.size());
+        {
+          py::gil_scoped_release release;
+          be.attention(s, *qb, *pb, *bb, *ob);
+        }
+        return download_floats(be, *ob, {s.T, s.n_head, s.head_dim});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("q"), py::arg("pool"), py::arg("blocks"), py::arg("n_head_kv"),
+      py::arg("block_tokens"), py::arg("n_past"), py::arg("scale"), py::arg("block_bytes"), py::arg("k_offset"),
+      py::arg("v_offset"), py::arg("kv_k"), py::arg("kv_v"));
 }
 
 }  // namespace
@@ -143,6 +332,10 @@ PYBIND11_MODULE(_native, m) {
                                d["n_ctx_train"] = c.n_ctx_train;
                                d["rope_base"] = c.rope_base;
                                d["rms_eps"] = c.rms_eps;
+                               d["sliding_window"] = c.sliding_window;
+                               d["n_layer_swa"] = c.n_layer_swa;
+                               d["n_expert"] = c.n_expert;
+                               d["n_expert_used"] = c.n_expert_used;
                                d["weight_bytes"] = e.model().weight_bytes();
                                return d;
                              })
@@ -154,6 +347,9 @@ PYBIND11_MODULE(_native, m) {
       .def("free", &Engine::free, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("busy", &Engine::busy, py::call_guard<py::gil_scoped_release>())
+      .def("set_token_mask", &Engine::set_token_mask, py::arg("id"), py::arg("bits"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("clear_token_mask", &Engine::clear_token_mask, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def(
           "score",
           [](Engine& e, int id, const std::vector<int32_t>& tokens) {
@@ -186,6 +382,11 @@ PYBIND11_MODULE(_native, m) {
         d["bytes_used"] = s.bytes_used;
         d["bytes_allocated"] = s.bytes_allocated;
         d["blocks_in_use"] = s.blocks_in_use;
+        d["sliding_window"] = s.sliding_window;
+        d["swa_bytes_per_token"] = s.swa_bytes_per_token;
+        d["swa_block_bytes"] = s.swa_block_bytes;
+        d["swa_blocks_in_use"] = s.swa_blocks_in_use;
+        d["swa_blocks_allocated"] = s.swa_blocks_allocated;
         d["blocks_shared"] = s.blocks_shared;
         d["prefix_tokens_reused"] = s.prefix_tokens_reused;
         d["weight_bytes"] = s.weight_bytes;
@@ -237,9 +438,11 @@ PYBIND11_MODULE(_native, m) {
     return kernels_for(level).dot_f32(a.data(), b.data(), static_cast<int>(a.size()));
   });
   m.def("_kernel_dequant", [](const std::string& level, const std::string& type, py::bytes raw, int64_t n) {
-    static const std::map<std::string, GgmlType> types{{"F32", GgmlType::F32},   {"F16", GgmlType::F16},
-                                                       {"BF16", GgmlType::BF16}, {"Q4_0", GgmlType::Q4_0},
-                                                       {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0}};
+    static const std::map<std::string, GgmlType> types{
+        {"F32", GgmlType::F32},   {"F16", GgmlType::F16},       {"BF16", GgmlType::BF16},    {"Q4_0", GgmlType::Q4_0},
+        {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0},     {"Q5_0", GgmlType::Q5_0},    {"Q5_1", GgmlType::Q5_1},
+        {"Q2_K", GgmlType::Q2_K}, {"Q3_K", GgmlType::Q3_K},     {"Q4_K", GgmlType::Q4_K},    {"Q5_K", GgmlType::Q5_K},
+        {"Q6_K", GgmlType::Q6_K}, {"IQ4_NL", GgmlType::IQ4_NL}, {"IQ4_XS", GgmlType::IQ4_XS}};
     auto it = types.find(type);
     if (it == types.end()) throw std::invalid_argument("unknown weight type " + type);
     const std::string bytes = raw;
@@ -267,7 +470,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("_kernel_dot_q", [](const std::string& level, const std::string& type, py::bytes raw,
                             py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     static const std::map<std::string, GgmlType> types{
-        {"Q4_0", GgmlType::Q4_0}, {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0}};
+        {"Q4_0", GgmlType::Q4_0}, {"Q4_1", GgmlType::Q4_1}, {"Q8_0", GgmlType::Q8_0},     {"Q5_0", GgmlType::Q5_0},
+        {"Q5_1", GgmlType::Q5_1}, {"Q2_K", GgmlType::Q2_K}, {"Q3_K", GgmlType::Q3_K},     {"Q4_K", GgmlType::Q4_K},
+        {"Q5_K", GgmlType::Q5_K}, {"Q6_K", GgmlType::Q6_K}, {"IQ4_NL", GgmlType::IQ4_NL}, {"IQ4_XS", GgmlType::IQ4_XS}};
     auto it = types.find(type);
     if (it == types.end()) throw std::invalid_argument("_kernel_dot_q: quantized weight type expected, got " + type);
     const int64_t n = x.size();
@@ -328,4 +533,6 @@ PYBIND11_MODULE(_native, m) {
     kernels_for(level).kv_load_row(f, buf.data(), out.mutable_data(), n);
     return py::make_tuple(out, py::bytes(reinterpret_cast<const char*>(buf.data()), buf.size()));
   });
+
+  bind_backend(m);  // the backend layer (issue 16)
 }

@@ -23,7 +23,27 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   g.k_format = kv_format_from_string(opt.kv_k);
   g.v_format = kv_format_from_string(opt.kv_v);
   g.block_tokens = opt.block_tokens;
-  kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes);
+  if (c.n_layer_swa == 0) {
+    kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes);
+  } else {
+    // Two block classes over one budget: global layers keep every position, sliding
+    // layers only the window. Prefix sharing is off: sliding blocks leave the window.
+    auto budget = std::make_shared<KvBudget>();
+    budget->bytes = opt.kv_budget_bytes;
+    KvGeometry gs = g;
+    gs.n_layer = c.n_layer_swa;
+    g.n_layer = c.n_layer - c.n_layer_swa;
+    kv_ = std::make_unique<KvPool>(g, budget);
+    swa_kv_ = std::make_unique<KvPool>(gs, budget);
+    const size_t one_each = kv_->block_bytes() + swa_kv_->block_bytes();
+    if (budget->bytes != 0 && budget->bytes < one_each) {
+      throw KvBudgetError("KV budget of " + std::to_string(budget->bytes) +
+                          " bytes is smaller than one global and one sliding-window block (" +
+                          std::to_string(kv_->block_bytes()) + " + " + std::to_string(swa_kv_->block_bytes()) +
+                          " bytes); raise kv_budget_bytes or choose a narrower KV format");
+    }
+    opt_.prefix_sharing = false;
+  }
   pool_ = std::make_unique<ThreadPool>(opt.threads);
   ws_.float_activations = opt.float_activations;
 }
@@ -136,6 +156,10 @@ void Engine::release_blocks(Sequence& s) {
     indexed_key_.erase(it);
   }
   s.blocks.clear();
+  for (int b : s.swa_blocks) {
+    if (b >= 0) swa_kv_->release(b);
+  }
+  s.swa_blocks.clear();
 }
 
 void Engine::append(int id, const std::vector<int32_t>& tokens, const SamplingParams& sp, bool generate) {
@@ -178,13 +202,42 @@ void Engine::free(int id) {
   seqs_.erase(id);
 }
 
-bool Engine::ensure_blocks(Sequence& s, int n) {
+bool Engine::ensure_blocks(Sequence& s, int n, int swa_from) {
   const int bt = kv_->geometry().block_tokens;
   const size_t need = static_cast<size_t>((n + bt - 1) / bt);
-  if (need <= s.blocks.size()) return true;
-  if (need - s.blocks.size() > kv_->max_blocks() - kv_->blocks_in_use()) return false;
+  const size_t new_global = need > s.blocks.size() ? need - s.blocks.size() : 0;
+  if (!swa_kv_) {
+    if (new_global == 0) return true;
+    if (new_global > kv_->max_blocks() - kv_->blocks_in_use()) return false;
+    while (s.blocks.size() < need) s.blocks.push_back(kv_->acquire());
+    return true;
+  }
+  // Sliding blocks for [swa_from, n): those not yet held (-1 or past the table's end).
+  const size_t first = static_cast<size_t>(std::max(0, swa_from) / bt);
+  size_t new_swa = 0;
+  for (size_t i = first; i < need; ++i) new_swa += i >= s.swa_blocks.size() || s.swa_blocks[i] < 0 ? 1 : 0;
+  const size_t budget = kv_->budget_bytes();
+  const size_t bytes = new_global * kv_->block_bytes() + new_swa * swa_kv_->block_bytes();
+  if (budget != 0 && bytes > budget - std::min(budget, kv_->budget_reserved())) return false;
   while (s.blocks.size() < need) s.blocks.push_back(kv_->acquire());
+  if (s.swa_blocks.size() < need) s.swa_blocks.resize(need, -1);
+  for (size_t i = first; i < need; ++i) {
+    if (s.swa_blocks[i] < 0) s.swa_blocks[i] = swa_kv_->acquire();
+  }
   return true;
+}
+
+void Engine::trim_window(Sequence& s) {
+  if (!swa_kv_) return;
+  const int bt = kv_->geometry().block_tokens;
+  const int keep_from = std::max(0, s.n_past - window() + 1);
+  // Block i covers [i*bt, (i+1)*bt): wholly before keep_from when (i+1)*bt <= keep_from.
+  for (size_t i = 0; i < s.swa_blocks.size() && static_cast<int>(i + 1) * bt <= keep_from; ++i) {
+    if (s.swa_blocks[i] >= 0) {
+      swa_kv_->release(s.swa_blocks[i]);
+      s.swa_blocks[i] = -1;
+    }
+  }
 }
 
 bool Engine::busy() const {
@@ -235,16 +288,18 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
     it.n = p.take;
     it.pos0 = p.s->n_past;
     it.blocks = &p.s->blocks;
+    it.swa_blocks = &p.s->swa_blocks;
     it.logits_from = p.sample ? p.take - 1 : p.take;
     items.push_back(it);
   }
-  model_->forward(items, *kv_, *pool_, *kern_, ws_, logits_);
+  model_->forward(items, *kv_, swa_kv_.get(), *pool_, *kern_, ws_, logits_);
 
   const int nv = model_->config().n_vocab;
   int r = 0;
   for (const Planned& p : plan) {
     Sequence& s = *p.s;
     s.n_past += p.take;
+    trim_window(s);
     publish_blocks(s);
     if (!p.sample) continue;
     const int32_t tok = sample(s, logits_.data() + static_cast<size_t>(r) * nv);
@@ -278,7 +333,9 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
   }
   const size_t old_size = s.tokens.size();
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-  if (!ensure_blocks(s, static_cast<int>(s.tokens.size()))) {
+  // Without sliding layers every block is taken up front; with them, chunk by chunk
+  // (the window's blocks are recycled), and a budget failure keeps the chunks done.
+  if (!swa_kv_ && !ensure_blocks(s, static_cast<int>(s.tokens.size()))) {
     s.tokens.resize(old_size);
     throw KvBudgetError("KV budget exhausted while scoring sequence " + std::to_string(id) +
                         "; free sequences or raise kv_budget_bytes");
@@ -290,15 +347,22 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
   all.reserve((s.tokens.size() - s.n_past) * static_cast<size_t>(nv));
   while (s.n_past < static_cast<int>(s.tokens.size())) {
     const int take = std::min(opt_.max_batch_tokens, static_cast<int>(s.tokens.size()) - s.n_past);
+    if (swa_kv_ && !ensure_blocks(s, s.n_past + take)) {
+      s.tokens.resize(std::max(old_size, static_cast<size_t>(s.n_past)));
+      throw KvBudgetError("KV budget exhausted while scoring sequence " + std::to_string(id) + " at position " +
+                          std::to_string(s.n_past) + "; free sequences or raise kv_budget_bytes");
+    }
     BatchItem it;
     it.tokens = s.tokens.data() + s.n_past;
     it.n = take;
     it.pos0 = s.n_past;
     it.blocks = &s.blocks;
+    it.swa_blocks = &s.swa_blocks;
     it.logits_from = 0;
-    model_->forward({it}, *kv_, *pool_, *kern_, ws_, logits_);
+    model_->forward({it}, *kv_, swa_kv_.get(), *pool_, *kern_, ws_, logits_);
     all.insert(all.end(), logits_.begin(), logits_.begin() + static_cast<size_t>(take) * nv);
     s.n_past += take;
+    trim_window(s);
     publish_blocks(s);
   }
   return all;
@@ -314,7 +378,9 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
   if (s.n_past != static_cast<int>(s.tokens.size())) {
     throw std::invalid_argument("fill_kv: the sequence has unprocessed tokens");
   }
-  if (!ensure_blocks(s, s.n_past + n)) throw KvBudgetError("fill_kv: KV budget exhausted");
+  // Sliding layers only get the positions the window keeps after the fill.
+  const int swa_from = s.n_past + n + 1 - window();
+  if (!ensure_blocks(s, s.n_past + n, swa_from)) throw KvBudgetError("fill_kv: KV budget exhausted");
   const KvGeometry& g = kv_->geometry();
   // Values only need a plausible spread (they feed timing and budget checks, never a result), so a
   // cheap approximate normal: the sum of four uniforms on [-sqrt(3), sqrt(3)] has mean 0 and variance 1
@@ -332,30 +398,43 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
   };
   std::vector<float> row(c.head_dim);
   for (int p = s.n_past; p < s.n_past + n; ++p) {
-    const int block = s.blocks[p / g.block_tokens], slot = p % g.block_tokens;
+    const int slot = p % g.block_tokens;
     for (int l = 0; l < c.n_layer; ++l) {
+      const bool swa = !c.layer_swa.empty() && c.layer_swa[l] != 0;
+      const int block = swa ? (p < swa_from ? -1 : s.swa_blocks[p / g.block_tokens]) : s.blocks[p / g.block_tokens];
+      if (block < 0) continue;  // a sliding position the window has already left
+      KvPool& pool = swa ? *swa_kv_ : *kv_;
+      const int kl = c.layer_kv_index[l];
       for (int h = 0; h < c.n_head_kv; ++h) {
         for (float& x : row) x = normal();
-        kv_store_row(g.k_format, row.data(), kv_->k_row(block, l, slot, h), c.head_dim);
+        kv_store_row(g.k_format, row.data(), pool.k_row(block, kl, slot, h), c.head_dim);
         for (float& x : row) x = normal();
-        kv_store_row(g.v_format, row.data(), kv_->v_row(block, l, slot, h), c.head_dim);
+        kv_store_row(g.v_format, row.data(), pool.v_row(block, kl, slot, h), c.head_dim);
       }
     }
   }
   s.tokens.insert(s.tokens.end(), n, 0);
   s.n_past += n;
+  trim_window(s);
   s.synthetic = true;
 }
 
 int32_t Engine::sample(Sequence& s, const float* logits_in) {
   const int nv = model_->config().n_vocab;
   const SamplingParams& sp = s.sp;
-  // The logits are copied only when the repetition penalty changes them.
+  // The logits are copied only when a token mask or the repetition penalty changes them.
   const float* l = logits_in;
   std::vector<float> penalized;
+  if (!s.token_mask.empty()) {  // masked tokens get -inf: never the argmax, probability 0 below
+    penalized.assign(logits_in, logits_in + nv);
+    for (int t = 0; t < nv; ++t) {
+      if (!((s.token_mask[static_cast<size_t>(t) >> 5] >> (t & 31)) & 1u)) penalized[t] = -INFINITY;
+    }
+    l = penalized.data();
+  }
   if (sp.repetition_penalty != 1.0f && sp.repeat_last_n > 0) {
     // llama.cpp's rule: divide positive logits, multiply negative ones, once per distinct token.
-    penalized.assign(logits_in, logits_in + nv);
+    if (penalized.empty()) penalized.assign(logits_in, logits_in + nv);
     std::unordered_set<int32_t> seen;
     const size_t n = s.tokens.size();
     const size_t from = n > static_cast<size_t>(sp.repeat_last_n) ? n - sp.repeat_last_n : 0;
@@ -405,6 +484,30 @@ int32_t Engine::sample(Sequence& s, const float* logits_in) {
     if (u < acc) return cand[i];
   }
   return cand[keep - 1];
+}
+
+void Engine::set_token_mask(int id, const std::vector<uint32_t>& bits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = get(id);
+  const int nv = model_->config().n_vocab;
+  const size_t words = (static_cast<size_t>(nv) + 31) / 32;
+  if (bits.size() != words) {
+    throw std::invalid_argument("set_token_mask: sequence " + std::to_string(id) + ": the mask has " +
+                                std::to_string(bits.size()) + " 32-bit words, expected " + std::to_string(words) +
+                                " (one bit per token of the " + std::to_string(nv) + "-token vocabulary)");
+  }
+  bool any = false;
+  for (int t = 0; t < nv && !any; ++t) any = (bits[static_cast<size_t>(t) >> 5] >> (t & 31)) & 1u;
+  if (!any) {
+    throw std::invalid_argument("set_token_mask: sequence " + std::to_string(id) +
+                                ": the mask allows no token of the vocabulary; allow at least one (e.g. a stop token)");
+  }
+  s.token_mask = bits;
+}
+
+void Engine::clear_token_mask(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  get(id).token_mask.clear();
 }
 
 SequenceInfo Engine::info(int id) const {
@@ -462,6 +565,19 @@ MemoryStats Engine::memory() const {
   m.prefix_tokens_reused = prefix_tokens_reused_;
   m.bytes_reserved = kv_->blocks_in_use() * kv_->block_bytes();
   m.bytes_allocated = kv_->blocks_allocated() * kv_->block_bytes();
+  if (swa_kv_) {
+    // Sliding class: a sequence stores its last min(n_past, W) positions (held blocks are not shared).
+    m.sliding_window = window();
+    m.swa_bytes_per_token = swa_kv_->bytes_per_token();
+    m.swa_block_bytes = swa_kv_->block_bytes();
+    m.swa_blocks_in_use = swa_kv_->blocks_in_use();
+    m.swa_blocks_allocated = swa_kv_->blocks_allocated();
+    for (const auto& [id, s] : seqs_) {
+      m.bytes_used += static_cast<size_t>(std::min(s.n_past, window())) * swa_kv_->bytes_per_token();
+    }
+    m.bytes_reserved += swa_kv_->blocks_in_use() * swa_kv_->block_bytes();
+    m.bytes_allocated += swa_kv_->blocks_allocated() * swa_kv_->block_bytes();
+  }
   m.weight_bytes = model_->weight_bytes();
   size_t scratch = logits_.capacity() * sizeof(float);
   for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
@@ -469,6 +585,10 @@ MemoryStats Engine::memory() const {
   }
   for (const auto& v : ws_.thread_scratch) scratch += v.capacity() * sizeof(float);
   scratch += ws_.partials.capacity() * sizeof(float) + ws_.xq.capacity() * sizeof(BlockQ8A);
+  for (const auto* v : {&ws_.moe_probs, &ws_.moe_weight, &ws_.moe_in, &ws_.moe_gate, &ws_.moe_up, &ws_.moe_out}) {
+    scratch += v->capacity() * sizeof(float);
+  }
+  for (const auto* v : {&ws_.moe_choice, &ws_.moe_row, &ws_.moe_first}) scratch += v->capacity() * sizeof(int);
   m.scratch_bytes = scratch;
   m.sequences = static_cast<int>(seqs_.size());
   return m;

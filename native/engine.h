@@ -30,6 +30,8 @@ struct EngineOptions {
   // A new sequence whose first full blocks of tokens match blocks another live
   // sequence has computed holds those blocks instead of recomputing and
   // storing them again (a shared system prompt costs its KV once).
+  // Ignored (off) for models with sliding-window layers: their sliding blocks
+  // leave the window and are released, so a block table is not a prefix.
   bool prefix_sharing = true;
 };
 
@@ -44,15 +46,26 @@ struct SamplingParams {
   std::vector<int32_t> stop_tokens;  // end the turn when sampled (the token is kept)
 };
 
+// Two block classes when the model has sliding-window layers (gemma3): the
+// global class (bytes_per_token, block_bytes, blocks_in_use: the layers that
+// keep every position) and the sliding class (swa_*: the window's layers, at
+// most about window positions per sequence). Without sliding layers the swa_*
+// fields are 0 and every other field means what it always did. The byte totals
+// (budget, reserved, used, allocated) cover both classes.
 struct MemoryStats {
-  size_t bytes_per_token = 0;
-  size_t block_bytes = 0;
-  int block_tokens = 0;
+  size_t bytes_per_token = 0;  // global class
+  size_t block_bytes = 0;      // global class
+  int block_tokens = 0;        // both classes
   size_t budget_bytes = 0;
   size_t bytes_reserved = 0;        // blocks held by sequences x block bytes
   size_t bytes_used = 0;            // positions stored x bytes per token (a shared position counts once)
   size_t bytes_allocated = 0;       // blocks ever allocated (held + free list) x block bytes
-  size_t blocks_in_use = 0;         // distinct blocks held (a shared block counts once)
+  size_t blocks_in_use = 0;         // distinct global blocks held (a shared block counts once)
+  int sliding_window = 0;           // W of the sliding layers; 0: none
+  size_t swa_bytes_per_token = 0;   // sliding class
+  size_t swa_block_bytes = 0;       // sliding class
+  size_t swa_blocks_in_use = 0;     // sliding blocks held
+  size_t swa_blocks_allocated = 0;  // sliding blocks ever allocated
   size_t blocks_shared = 0;         // blocks held by more than one sequence
   size_t prefix_tokens_reused = 0;  // positions taken from shared blocks instead of computed, since start
   size_t weight_bytes = 0;
@@ -112,12 +125,25 @@ class Engine {
   // See KvPool::set_budget.
   void set_kv_budget(size_t bytes);
 
+  // Constrained decoding: the tokens sequence `id` may sample next, one bit per
+  // token id (bit t % 32 of bits[t / 32]; ceil(n_vocab / 32) words). A masked
+  // token is never sampled (its logit is -inf before the repetition penalty,
+  // temperature, top-k and top-p); stop tokens still end the turn when sampled.
+  // The mask stays until replaced or cleared (a caller sets the next one after
+  // each sampled token). Throws if the length is wrong or no token is allowed.
+  void set_token_mask(int id, const std::vector<uint32_t>& bits);
+  void clear_token_mask(int id);
+
  private:
   struct Sequence {
     int id = 0;
     std::vector<int32_t> tokens;  // full history: prompt, turns and sampled tokens
     int n_past = 0;               // tokens[0..n_past) have KV
     std::vector<int> blocks;      // block table
+    // Sliding layers' block table (models with sliding layers): indexed like
+    // blocks; -1 for blocks released once wholly before the window.
+    // NOTE: covers [max(0, n_past - W + 1), n_past) between steps.
+    std::vector<int> swa_blocks;
     SamplingParams sp;
     std::mt19937_64 rng;
     bool generating = false;
@@ -128,13 +154,21 @@ class Engine {
     bool lazy_tail = false;
     int published = 0;       // blocks [0, published) are in the prefix index or never will be
     bool synthetic = false;  // holds fill_kv positions, whose KV does not match its tokens
+
+    // (ceil(n_vocab / 32),) the tokens it may sample next; empty: all (set_token_mask)
+    std::vector<uint32_t> token_mask;
   };
 
   Sequence& get(int id);
   const Sequence& get(int id) const;
   void check_tokens(const std::vector<int32_t>& tokens) const;
-  // Grows the block table to cover n positions; false (blocks unchanged) if the budget is hit.
-  bool ensure_blocks(Sequence& s, int n);
+  // Grows the block table to cover n positions and the sliding table to cover
+  // [swa_from, n) (clipped at 0); false (blocks unchanged) if the budget is hit.
+  bool ensure_blocks(Sequence& s, int n, int swa_from);
+  bool ensure_blocks(Sequence& s, int n) { return ensure_blocks(s, n, s.n_past + 1 - window()); }
+  // Releases the sliding blocks wholly before max(0, s.n_past - W + 1).
+  void trim_window(Sequence& s);
+  int window() const { return model_->config().sliding_window; }
   int32_t sample(Sequence& s, const float* logits);
   // Prefix index key of block i of s: [previous block id or -1, the block's tokens].
   std::vector<int32_t> block_key(const Sequence& s, int i, int parent) const;
@@ -147,7 +181,8 @@ class Engine {
   EngineOptions opt_;
   const Kernels* kern_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<KvPool> kv_;      // global layers (every layer for most models)
+  std::unique_ptr<KvPool> swa_kv_;  // sliding-window layers; null without them
   std::unique_ptr<ThreadPool> pool_;
   Workspace ws_;
   std::vector<float> logits_;

@@ -298,9 +298,8 @@ GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_unique
     t.type = c.read<uint32_t>("tensor type");
     t.offset = c.read<uint64_t>("tensor offset");
     if (!type_supported(t.type)) {
-      c.fail("tensor '" + t.name + "' has tensor type id " + std::to_string(t.type) +
-             ", which this engine does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0); "
-             "re-quantize the model to one of those");
+      // A well-formed file in a format we lack: not "invalid GGUF", and it says how to fix it.
+      throw std::runtime_error(unsupported_type_message(t.type, t.name));
     }
     const TypeTraits tt = type_traits(t.type);
     if (t.shape[0] % tt.block_elems != 0) {

@@ -1,13 +1,34 @@
 #include "kv_cache.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace kvs {
 
-KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget_bytes) {
-  if (g.n_layer <= 0 || g.n_kv_head <= 0 || g.head_dim <= 0) {
-    throw std::invalid_argument("KvPool: layers, kv heads and head_dim must be positive");
+KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(std::make_shared<KvBudget>()) {
+  budget_->bytes = budget_bytes;
+  if (g.n_layer <= 0) throw std::invalid_argument("KvPool: layers must be positive");
+  init();
+  if (budget_->bytes != 0 && budget_->bytes < block_bytes_) {
+    throw KvBudgetError("KV budget of " + std::to_string(budget_->bytes) + " bytes is smaller than one block (" +
+                        std::to_string(block_bytes_) + " bytes = " + std::to_string(g.block_tokens) + " tokens x " +
+                        std::to_string(bytes_per_token_) +
+                        " bytes per token); raise kv_budget_bytes or choose a narrower KV format");
+  }
+}
+
+KvPool::KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared) : g_(g), budget_(std::move(shared)) {
+  if (budget_ == nullptr) throw std::invalid_argument("KvPool: the shared budget is null");
+  if (g.n_layer < 0) throw std::invalid_argument("KvPool: layers must be >= 0");
+  init();
+}
+
+void KvPool::init() {
+  const KvGeometry& g = g_;
+  if (g.n_kv_head <= 0 || g.head_dim <= 0) {
+    throw std::invalid_argument("KvPool: kv heads and head_dim must be positive");
   }
   // The attention kernels keep one block of scores per query head on the stack.
   if (g.block_tokens <= 0 || g.block_tokens > 64) {
@@ -19,31 +40,30 @@ KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(budget
   layer_bytes_ = k_part_ + static_cast<size_t>(g.block_tokens) * g.n_kv_head * v_row_;
   bytes_per_token_ = static_cast<size_t>(g.n_layer) * g.n_kv_head * (k_row_ + v_row_);
   block_bytes_ = bytes_per_token_ * g.block_tokens;
-  if (budget_ != 0 && budget_ < block_bytes_) {
-    throw KvBudgetError("KV budget of " + std::to_string(budget_) + " bytes is smaller than one block (" +
-                        std::to_string(block_bytes_) + " bytes = " + std::to_string(g.block_tokens) + " tokens x " +
-                        std::to_string(bytes_per_token_) +
-                        " bytes per token); raise kv_budget_bytes or choose a narrower KV format");
-  }
 }
 
 void KvPool::set_budget(size_t budget_bytes) {
-  if (budget_bytes != 0 && budget_bytes / block_bytes_ < in_use_) {
+  if (budget_bytes != 0 && budget_bytes < budget_->reserved) {
+    if (budget_->reserved == in_use_ * block_bytes_) {  // this pool holds everything (the usual case)
+      throw KvBudgetError("KV budget of " + std::to_string(budget_bytes) + " bytes is below the " +
+                          std::to_string(in_use_) + " blocks of " + std::to_string(block_bytes_) +
+                          " bytes in use; free sequences first");
+    }
     throw KvBudgetError("KV budget of " + std::to_string(budget_bytes) + " bytes is below the " +
-                        std::to_string(in_use_) + " blocks of " + std::to_string(block_bytes_) +
-                        " bytes in use; free sequences first");
+                        std::to_string(budget_->reserved) + " bytes of KV blocks in use; free sequences first");
   }
-  budget_ = budget_bytes;
+  budget_->bytes = budget_bytes;
 }
 
 size_t KvPool::max_blocks() const {
-  return budget_ == 0 ? SIZE_MAX : budget_ / block_bytes_;
+  if (budget_->bytes == 0 || block_bytes_ == 0) return SIZE_MAX;
+  return in_use_ + (budget_->bytes - std::min(budget_->bytes, budget_->reserved)) / block_bytes_;
 }
 
 int KvPool::acquire() {
-  if (in_use_ + 1 > max_blocks()) {
+  if (budget_->bytes != 0 && budget_->reserved + block_bytes_ > budget_->bytes) {
     throw KvBudgetError("KV budget exhausted: " + std::to_string(in_use_) + " blocks of " +
-                        std::to_string(block_bytes_) + " bytes in use, budget " + std::to_string(budget_) +
+                        std::to_string(block_bytes_) + " bytes in use, budget " + std::to_string(budget_->bytes) +
                         " bytes; free a sequence, raise kv_budget_bytes or choose a narrower KV format");
   }
   int id;
@@ -57,6 +77,7 @@ int KvPool::acquire() {
   }
   refs_[id] = 1;
   ++in_use_;
+  budget_->reserved += block_bytes_;
   return id;
 }
 
@@ -74,6 +95,7 @@ bool KvPool::release(int block) {
   if (--refs_[block] > 0) return false;
   free_.push_back(block);
   --in_use_;
+  budget_->reserved -= block_bytes_;
   return true;
 }
 

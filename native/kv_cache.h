@@ -8,6 +8,11 @@
 // be held by several sequences whose histories share that prefix (reference
 // counted, never written again); it returns to the free list when its last
 // holder is freed.
+// Models with sliding-window layers (gemma3) use two pools of the same
+// block_tokens: one for the global layers (every position) and one for the
+// sliding layers (only the window; the engine releases blocks that fall out of
+// it). The two share one byte budget (KvBudget). A pool may hold zero layers
+// (a model whose layers are all sliding): its blocks are then empty and free.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +34,12 @@ struct KvGeometry {
   int block_tokens = 16;
 };
 
+// A byte budget shared by the pools of one engine. bytes == 0: no budget.
+struct KvBudget {
+  size_t bytes = 0;
+  size_t reserved = 0;  // blocks held in every pool sharing it x their block bytes
+};
+
 // Raised when a block would take the pool past its byte budget.
 class KvBudgetError : public std::runtime_error {
  public:
@@ -39,6 +50,9 @@ class KvPool {
  public:
   // budget_bytes == 0 means no budget.
   KvPool(const KvGeometry& g, size_t budget_bytes);
+  // A pool drawing on a budget shared with other pools (checked by the caller
+  // against one block of each pool).
+  KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared);
 
   const KvGeometry& geometry() const { return g_; }
   size_t k_row_bytes() const { return k_row_; }
@@ -47,11 +61,14 @@ class KvPool {
   size_t bytes_per_token() const { return bytes_per_token_; }
   // block_tokens * bytes_per_token
   size_t block_bytes() const { return block_bytes_; }
-  size_t budget_bytes() const { return budget_; }
+  size_t budget_bytes() const { return budget_->bytes; }
+  // Bytes held in every pool sharing this pool's budget.
+  size_t budget_reserved() const { return budget_->reserved; }
   // Moves the budget (a re-plan grew or shrank this worker's reservations). Blocks
   // already allocated stay allocated; throws KvBudgetError below the blocks in use.
   void set_budget(size_t budget_bytes);
-  // Blocks that fit the budget (SIZE_MAX without one).
+  // Blocks this pool could hold given what the pools sharing its budget hold
+  // (SIZE_MAX without a budget); for a pool alone, budget / block_bytes.
   size_t max_blocks() const;
 
   // Takes a block from the free list or allocates one; throws KvBudgetError past the budget.
@@ -74,8 +91,10 @@ class KvPool {
   }
 
  private:
+  void init();
+
   KvGeometry g_;
-  size_t budget_;
+  std::shared_ptr<KvBudget> budget_;
   size_t k_row_, v_row_;
   size_t k_part_;       // bytes of the K part of one layer in a block
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block

@@ -46,6 +46,46 @@ void rope_row(float* x, int n_heads, int head_dim, int n_rot, const float* cs) {
   }
 }
 
+// Rotates pairs (x[i], x[i + n_rot/2]) of each head (llama.cpp "NEOX" RoPE, used by
+// qwen2/qwen3/gemma3 files). x: (n_heads, head_dim); cs: (n_rot/2, 2) as rope_row.
+void rope_row_half(float* x, int n_heads, int head_dim, int n_rot, const float* cs) {
+  const int half = n_rot / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* xh = x + static_cast<size_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      const float a = xh[i], b = xh[i + half];
+      xh[i] = a * c - b * s;
+      xh[i + half] = a * s + b * c;
+    }
+  }
+}
+
+// GeGLU: g[i] = gelu(g[i]) * u[i], GELU by its tanh approximation
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_tanh_mul(float* g, const float* u, int n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCubic = 0.044715f;
+  for (int i = 0; i < n; ++i) {
+    const float x = g[i];
+    g[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCubic * x * x))) * u[i];
+  }
+}
+
+// cs (T, head_dim/2, 2): cos/sin of pos * base^(-2i/head_dim) / freq_factor[i] for each row.
+void rope_table(const std::vector<int32_t>& pos, int T, int hd, float base, const std::vector<float>& freq_factors,
+                std::vector<float>& cs) {
+  cs.resize(static_cast<size_t>(T) * hd);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < hd / 2; ++i) {
+      double theta = pos[t] * std::pow(static_cast<double>(base), -2.0 * i / hd);
+      if (!freq_factors.empty()) theta /= freq_factors[i];
+      cs[static_cast<size_t>(t) * hd + 2 * i] = static_cast<float>(std::cos(theta));
+      cs[static_cast<size_t>(t) * hd + 2 * i + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
 }  // namespace
 
 Weight Model::load_weight(const std::string& name, int64_t rows, int64_t cols) const {
@@ -82,12 +122,38 @@ std::vector<float> Model::load_vector(const std::string& name, int64_t n) const 
   return v;
 }
 
-Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) {
+const char* const kSupportedArchs = "llama, qwen2, qwen3, qwen3moe, gemma3";
+
+Weight Model::load_stacked(const std::string& name, int64_t n_mat, int64_t rows, int64_t cols) const {
+  const GgufTensor* t = file_->find_tensor(name);
+  if (t == nullptr) {
+    throw std::runtime_error("model file '" + file_->path() + "' lacks tensor '" + name + "'");
+  }
+  if (t->shape.size() != 3 || t->shape[0] != cols || t->shape[1] != rows || t->shape[2] != n_mat) {
+    std::string got;
+    for (int64_t d : t->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    throw std::runtime_error("tensor '" + name + "' has shape [" + got + "], expected [" + std::to_string(cols) + ", " +
+                             std::to_string(rows) + ", " + std::to_string(n_mat) +
+                             "] from the model's hyper-parameters");
+  }
+  Weight w;
+  w.type = static_cast<GgmlType>(t->type);
+  w.rows = n_mat * rows;
+  w.cols = cols;
+  w.row_bytes = row_bytes(w.type, cols);
+  w.data = t->data;
+  return w;
+}
+
+void Model::read_config() {
   ModelConfig& c = cfg_;
+  const std::string& path = file_->path();
   c.arch = file_->get_string("general.architecture");
-  if (c.arch != "llama") {
+  const bool is_llama = c.arch == "llama", is_qwen2 = c.arch == "qwen2", is_qwen3 = c.arch == "qwen3";
+  const bool is_moe = c.arch == "qwen3moe", is_gemma3 = c.arch == "gemma3";
+  if (!(is_llama || is_qwen2 || is_qwen3 || is_moe || is_gemma3)) {
     throw std::runtime_error("model architecture '" + c.arch + "' in '" + path +
-                             "' is not supported; this engine runs Llama-family GGUF models (architecture 'llama')");
+                             "' is not supported; supported architectures: " + kSupportedArchs);
   }
   const std::string a = c.arch + ".";
   auto positive = [&](const std::string& key, int64_t v) {
@@ -100,19 +166,31 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
   c.n_layer = positive(a + "block_count", file_->get_int(a + "block_count"));
   c.n_head = positive(a + "attention.head_count", file_->get_int(a + "attention.head_count"));
   c.n_head_kv = positive(a + "attention.head_count_kv", file_->get_int_or(a + "attention.head_count_kv", c.n_head));
-  c.n_ff = positive(a + "feed_forward_length", file_->get_int(a + "feed_forward_length"));
+  // A MoE file may omit the dense feed_forward_length (no layer has a dense FFN).
+  c.n_ff = is_moe ? static_cast<int>(std::clamp<int64_t>(file_->get_int_or(a + "feed_forward_length", 0), 0, 1 << 24))
+                  : positive(a + "feed_forward_length", file_->get_int(a + "feed_forward_length"));
   c.n_ctx_train = positive(a + "context_length", file_->get_int(a + "context_length"));
   c.rope_base = static_cast<float>(file_->get_float_or(a + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(file_->get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  if (c.n_embd % c.n_head != 0) {
-    throw std::runtime_error("embedding_length " + std::to_string(c.n_embd) + " is not divisible by head_count " +
-                             std::to_string(c.n_head));
-  }
   if (c.n_head % c.n_head_kv != 0) {
     throw std::runtime_error("head_count " + std::to_string(c.n_head) + " is not a multiple of head_count_kv " +
                              std::to_string(c.n_head_kv));
   }
-  c.head_dim = c.n_embd / c.n_head;
+  // head_dim: attention.key_length when the file has it (qwen3 and gemma3 heads need not be n_embd / n_head).
+  if (file_->find(a + "attention.key_length") != nullptr) {
+    c.head_dim = positive(a + "attention.key_length", file_->get_int(a + "attention.key_length"));
+  } else {
+    if (c.n_embd % c.n_head != 0) {
+      throw std::runtime_error("embedding_length " + std::to_string(c.n_embd) + " is not divisible by head_count " +
+                               std::to_string(c.n_head) + " and the file has no attention.key_length");
+    }
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  const int64_t v_len = file_->get_int_or(a + "attention.value_length", c.head_dim);
+  if (v_len != c.head_dim) {
+    throw std::runtime_error("attention.value_length " + std::to_string(v_len) + " != key_length " +
+                             std::to_string(c.head_dim) + ": K and V heads of different sizes are not supported");
+  }
   const int64_t n_rot = file_->get_int_or(a + "rope.dimension_count", c.head_dim);
   if (n_rot != c.head_dim) {
     throw std::runtime_error("partial rotary embeddings (rope.dimension_count " + std::to_string(n_rot) +
@@ -123,27 +201,90 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
       throw std::runtime_error("RoPE scaling '" + st->s + "' is not supported by this engine");
     }
   }
-  if (c.head_dim > kMaxHeadDim || c.n_head / c.n_head_kv > kMaxGroup) {
+  if (c.head_dim > kMaxHeadDim || c.head_dim % 2 != 0 || c.n_head / c.n_head_kv > kMaxGroup) {
     throw std::runtime_error("head_dim " + std::to_string(c.head_dim) + " or GQA group " +
-                             std::to_string(c.n_head / c.n_head_kv) + " exceeds what the attention kernels support (" +
-                             std::to_string(kMaxHeadDim) + ", " + std::to_string(kMaxGroup) + ")");
-  }
-  if (file_->find_tensor("rope_freqs.weight") != nullptr) {
-    throw std::runtime_error("models with a rope_freqs tensor (Llama 3.1-style RoPE scaling) are not supported");
+                             std::to_string(c.n_head / c.n_head_kv) +
+                             " is outside what the attention kernels support (an even head_dim up to " +
+                             std::to_string(kMaxHeadDim) + ", groups up to " + std::to_string(kMaxGroup) + ")");
   }
   if (!(c.rope_base > 0.0f) || !(c.rms_eps > 0.0f) || !std::isfinite(c.rope_base) || !std::isfinite(c.rms_eps)) {
     throw std::runtime_error("rope.freq_base and layer_norm_rms_epsilon must be positive and finite");
   }
 
+  c.rope_style = is_llama ? RopeStyle::kAdjacent : RopeStyle::kHalfSplit;
+  c.qkv_bias = is_qwen2;
+  c.qk_norm = is_qwen3 || is_moe || is_gemma3;
+  c.post_norms = is_gemma3;
+  c.ffn_act = is_gemma3 ? FfnAct::kGeluTanh : FfnAct::kSilu;
+  c.rope_freqs = file_->find_tensor("rope_freqs.weight") != nullptr;
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  c.layer_swa.assign(c.n_layer, 0);
+  if (is_gemma3) {
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    // Gemma 3 scales queries by query_pre_attn_scalar^-1/2, which GGUF files do not
+    // store: it is head_dim for every size but 27B (62 layers), where it is
+    // n_embd / n_head (what llama.cpp assumes too).
+    if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
+    c.sliding_window = positive(a + "attention.sliding_window", file_->get_int(a + "attention.sliding_window"));
+    // Local layers' RoPE base: rope.freq_base_swa when present, else Gemma 3's 10000
+    // (the file's rope.freq_base, 1e6, is the global layers').
+    c.rope_base_swa = static_cast<float>(file_->get_float_or(a + "rope.freq_base_swa", 10000.0));
+    if (!(c.rope_base_swa > 0.0f) || !std::isfinite(c.rope_base_swa)) {
+      throw std::runtime_error("rope.freq_base_swa must be positive and finite");
+    }
+    // Layer pattern: attention.sliding_window_pattern as a per-layer array of
+    // bools (true: sliding) or as a period P (layer l is global when l % P == P - 1);
+    // files without it (all Gemma 3 conversions we know) get Gemma 3's P = 6.
+    int period = 6;
+    const GgufValue* pat = file_->find(a + "attention.sliding_window_pattern");
+    if (pat != nullptr && pat->type == GgufType::ARRAY) {
+      if (pat->arr.size() != static_cast<size_t>(c.n_layer)) {
+        throw std::runtime_error(a + "attention.sliding_window_pattern has " + std::to_string(pat->arr.size()) +
+                                 " entries, expected one per layer (" + std::to_string(c.n_layer) + ")");
+      }
+      for (int l = 0; l < c.n_layer; ++l) c.layer_swa[l] = pat->arr[l].as_int() != 0 ? 1 : 0;
+    } else {
+      if (pat != nullptr) period = positive(a + "attention.sliding_window_pattern", pat->as_int());
+      for (int l = 0; l < c.n_layer; ++l) c.layer_swa[l] = l % period < period - 1 ? 1 : 0;
+    }
+  }
+  c.layer_kv_index.assign(c.n_layer, 0);
+  int n_global = 0;
+  c.n_layer_swa = 0;
+  for (int l = 0; l < c.n_layer; ++l) c.layer_kv_index[l] = c.layer_swa[l] ? c.n_layer_swa++ : n_global++;
+  if (is_moe) {
+    c.n_expert = positive(a + "expert_count", file_->get_int(a + "expert_count"));
+    c.n_expert_used = positive(a + "expert_used_count", file_->get_int(a + "expert_used_count"));
+    c.n_ff_exp = positive(a + "expert_feed_forward_length", file_->get_int(a + "expert_feed_forward_length"));
+    if (c.n_expert_used > c.n_expert) {
+      throw std::runtime_error("expert_used_count " + std::to_string(c.n_expert_used) + " exceeds expert_count " +
+                               std::to_string(c.n_expert));
+    }
+  }
+}
+
+Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) {
+  read_config();
+  const ModelConfig& c = cfg_;
   const GgufTensor* emb = file_->find_tensor("token_embd.weight");
   if (emb == nullptr || emb->shape.size() != 2) {
     throw std::runtime_error("model file '" + path + "' lacks a 2-D tensor 'token_embd.weight'");
   }
-  c.n_vocab = positive("token_embd.weight rows", emb->shape[1]);
+  cfg_.n_vocab = static_cast<int>(std::clamp<int64_t>(emb->shape[1], 0, 1 << 24));
+  if (emb->shape[1] <= 0 || emb->shape[1] > (1 << 24)) {
+    throw std::runtime_error("token_embd.weight rows = " + std::to_string(emb->shape[1]) + " is out of range");
+  }
   tok_embd_ = load_weight("token_embd.weight", c.n_vocab, c.n_embd);
   output_ =
       file_->find_tensor("output.weight") != nullptr ? load_weight("output.weight", c.n_vocab, c.n_embd) : tok_embd_;
   output_norm_ = load_vector("output_norm.weight", c.n_embd);
+  if (c.rope_freqs) rope_freqs_ = load_vector("rope_freqs.weight", c.head_dim / 2);
+  for (float f : rope_freqs_) {
+    if (!(f > 0.0f) || !std::isfinite(f)) {
+      throw std::runtime_error("rope_freqs.weight holds " + std::to_string(f) +
+                               "; every frequency factor must be positive and finite");
+    }
+  }
 
   const int q_dim = c.n_head * c.head_dim;
   const int kv_dim = c.n_head_kv * c.head_dim;
@@ -156,13 +297,35 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
     L.wk = load_weight(p + "attn_k.weight", kv_dim, c.n_embd);
     L.wv = load_weight(p + "attn_v.weight", kv_dim, c.n_embd);
     L.wo = load_weight(p + "attn_output.weight", c.n_embd, q_dim);
-    L.ffn_norm = load_vector(p + "ffn_norm.weight", c.n_embd);
-    L.gate = load_weight(p + "ffn_gate.weight", c.n_ff, c.n_embd);
-    L.up = load_weight(p + "ffn_up.weight", c.n_ff, c.n_embd);
-    L.down = load_weight(p + "ffn_down.weight", c.n_embd, c.n_ff);
-    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
-      weight_bytes_ += w->row_bytes * w->rows;
+    if (c.qkv_bias) {
+      L.bq = load_vector(p + "attn_q.bias", q_dim);
+      L.bk = load_vector(p + "attn_k.bias", kv_dim);
+      L.bv = load_vector(p + "attn_v.bias", kv_dim);
     }
+    if (c.qk_norm) {
+      L.q_norm = load_vector(p + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = load_vector(p + "attn_k_norm.weight", c.head_dim);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = load_vector(p + "post_attention_norm.weight", c.n_embd);
+      L.post_ffn_norm = load_vector(p + "post_ffw_norm.weight", c.n_embd);
+    }
+    L.ffn_norm = load_vector(p + "ffn_norm.weight", c.n_embd);
+    std::vector<const Weight*> mats = {&L.wq, &L.wk, &L.wv, &L.wo};
+    if (c.n_expert > 0) {
+      L.router = load_weight(p + "ffn_gate_inp.weight", c.n_expert, c.n_embd);
+      L.gate_exps = load_stacked(p + "ffn_gate_exps.weight", c.n_expert, c.n_ff_exp, c.n_embd);
+      L.up_exps = load_stacked(p + "ffn_up_exps.weight", c.n_expert, c.n_ff_exp, c.n_embd);
+      L.down_exps = load_stacked(p + "ffn_down_exps.weight", c.n_expert, c.n_embd, c.n_ff_exp);
+      // Every expert counts: a batched step with enough tokens reads them all.
+      mats.insert(mats.end(), {&L.router, &L.gate_exps, &L.up_exps, &L.down_exps});
+    } else {
+      L.gate = load_weight(p + "ffn_gate.weight", c.n_ff, c.n_embd);
+      L.up = load_weight(p + "ffn_up.weight", c.n_ff, c.n_embd);
+      L.down = load_weight(p + "ffn_down.weight", c.n_embd, c.n_ff);
+      mats.insert(mats.end(), {&L.gate, &L.up, &L.down});
+    }
+    for (const Weight* w : mats) weight_bytes_ += w->row_bytes * w->rows;
     layers_.push_back(std::move(L));
   }
 }
@@ -170,7 +333,7 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
 namespace {
 
 bool is_quantized_type(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
+  return type_is_quantized(t);
 }
 
 // out_t (T, rows) = x (T, cols) @ W^T for each target; all targets share x and cols.
@@ -247,22 +410,27 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
 // thread. Each K/V row is read once for all G query heads of its group.
 constexpr int kChunkPositions = 512;
 
-void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadPool& pool, const Kernels& kern,
+// Attention of T token rows over one layer's K/V (index `layer` inside pool kv).
+// window > 0: row t attends to positions (pos_t - window, pos_t] only (sliding layer).
+// row_blocks: (T,) the block table of each row for this pool.
+void attention(const ModelConfig& c, int layer, int window, int T, const KvPool& kv,
+               const std::vector<const std::vector<int>*>& row_blocks, ThreadPool& pool, const Kernels& kern,
                Workspace& ws) {
   const KvGeometry& g = kv.geometry();
   const int hd = c.head_dim, G = c.n_head / c.n_head_kv, bt = g.block_tokens, n_kv = c.n_head_kv;
   const int q_dim = c.n_head * hd, nb = hd / kQK;
   const int chunk = std::max(bt, kChunkPositions / bt * bt);  // a whole number of blocks
   const bool int_keys = g.k_format == KvFormat::Q8_0 || g.k_format == KvFormat::Q4_0 || g.k_format == KvFormat::Q8_HEAD;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.attn_scale;
 
   ws.attn_tasks.clear();
   ws.attn_first.resize(static_cast<size_t>(T) * n_kv + 1);
   for (int t = 0; t < T; ++t) {
     const int n_ctx = ws.row_pos[t] + 1;
+    const int lo = window > 0 ? std::max(0, n_ctx - window) : 0;
     for (int kh = 0; kh < n_kv; ++kh) {
       ws.attn_first[static_cast<size_t>(t) * n_kv + kh] = static_cast<int>(ws.attn_tasks.size());
-      for (int p = 0; p < n_ctx; p += chunk) ws.attn_tasks.push_back({t, kh, p, std::min(n_ctx, p + chunk)});
+      for (int p = lo; p < n_ctx; p += chunk) ws.attn_tasks.push_back({t, kh, p, std::min(n_ctx, p + chunk)});
     }
   }
   ws.attn_first[static_cast<size_t>(T) * n_kv] = static_cast<int>(ws.attn_tasks.size());
@@ -283,7 +451,7 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
     int prepared_for = -1;
     for (int64_t task = b; task < e; ++task) {
       const AttnTask& tk = ws.attn_tasks[task];
-      const std::vector<int>& blocks = *ws.row_blocks[tk.t];
+      const std::vector<int>& blocks = *row_blocks[tk.t];
       const int pair = tk.t * n_kv + tk.kh;
       if (prepared_for != pair) {
         const float* q0 = ws.q.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
@@ -296,11 +464,13 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
         prepared_for = pair;
       }
       const int n = tk.end - tk.begin;
-      // Pass 1: every score of the chunk, one KV block at a time.
-      for (int p0 = tk.begin; p0 < tk.end; p0 += bt) {
-        const int cnt = std::min(bt, tk.end - p0);
-        if (p0 + bt < tk.end) prefetch(kv.k_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * k_stride);
-        kern.attn_scores(g.k_format, kv.k_row(blocks[p0 / bt], layer, 0, tk.kh), k_stride, cnt, qs, qq, G, hd,
+      // Pass 1: every score of the chunk, one KV block at a time (a sliding window's
+      // chunk may start inside a block: its first run is shorter).
+      for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
+        const int off = p0 % bt;
+        cnt = std::min(bt - off, tk.end - p0);
+        if (p0 + cnt < tk.end) prefetch(kv.k_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * k_stride);
+        kern.attn_scores(g.k_format, kv.k_row(blocks[p0 / bt], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
                          s + (p0 - tk.begin), chunk);
       }
       // Softmax numerators of the chunk (no rescaling needed inside it).
@@ -314,10 +484,11 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
       }
       // Pass 2: weighted sum of the V rows.
       std::fill(acc, acc + static_cast<size_t>(G) * hd, 0.0f);
-      for (int p0 = tk.begin; p0 < tk.end; p0 += bt) {
-        const int cnt = std::min(bt, tk.end - p0);
-        if (p0 + bt < tk.end) prefetch(kv.v_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * v_stride);
-        kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, 0, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
+      for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
+        const int off = p0 % bt;
+        cnt = std::min(bt - off, tk.end - p0);
+        if (p0 + cnt < tk.end) prefetch(kv.v_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * v_stride);
+        kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
                         chunk, acc, G, hd);
       }
     }
@@ -350,34 +521,120 @@ void attention(const ModelConfig& c, int layer, int T, const KvPool& kv, ThreadP
 
 }  // namespace
 
-void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool& pool, const Kernels& kern,
-                    Workspace& ws, std::vector<float>& logits) const {
+void Model::moe_ffn(const LayerWeights& L, int T, ThreadPool& pool, const Kernels& kern, Workspace& ws) const {
   const ModelConfig& c = cfg_;
-  const KvGeometry& g = kv.geometry();
+  const int E = c.n_expert, K = c.n_expert_used, d = c.n_embd, F = c.n_ff_exp;
+  const size_t st = static_cast<size_t>(T);
+  // Router: softmax over the experts, the K most probable (ties: lower id), weights renormalised to sum 1.
+  fit(ws.moe_probs, st * E);
+  matmul({{&L.router, ws.moe_probs.data()}}, ws.xn.data(), T, pool, kern, ws);
+  fit(ws.moe_choice, st * K);
+  fit(ws.moe_weight, st * K);
+  fit(ws.moe_row, st * K);
+  ws.moe_first.assign(static_cast<size_t>(E) + 1, 0);
+  std::vector<int> order(E);
+  for (int t = 0; t < T; ++t) {
+    float* p = ws.moe_probs.data() + static_cast<size_t>(t) * E;
+    const float mx = *std::max_element(p, p + E);
+    double sum = 0.0;
+    for (int e = 0; e < E; ++e) sum += p[e] = std::exp(p[e] - mx);
+    for (int e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int x, int y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+    double kept = 0.0;
+    for (int k = 0; k < K; ++k) kept += p[order[k]];
+    for (int k = 0; k < K; ++k) {
+      ws.moe_choice[static_cast<size_t>(t) * K + k] = order[k];
+      ws.moe_weight[static_cast<size_t>(t) * K + k] = static_cast<float>(p[order[k]] / kept);
+      ++ws.moe_first[order[k] + 1];
+    }
+  }
+  for (int e = 0; e < E; ++e) ws.moe_first[e + 1] += ws.moe_first[e];
+  // Group the routed rows by expert (token order inside an expert): moe_in (T*K, d).
+  const size_t n_rows = st * K;
+  fit(ws.moe_in, n_rows * d);
+  fit(ws.moe_gate, n_rows * F);
+  fit(ws.moe_up, n_rows * F);
+  fit(ws.moe_out, n_rows * d);
+  {
+    std::vector<int> fill(ws.moe_first.begin(), ws.moe_first.end() - 1);
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < K; ++k) {
+        const int row = fill[ws.moe_choice[static_cast<size_t>(t) * K + k]]++;
+        ws.moe_row[static_cast<size_t>(t) * K + k] = row;
+        std::copy_n(ws.xn.data() + static_cast<size_t>(t) * d, d, ws.moe_in.data() + static_cast<size_t>(row) * d);
+      }
+    }
+  }
+  // Each expert's matmuls run once over all its rows, so its weights are read once per step.
+  for (int e = 0; e < E; ++e) {
+    const int r0 = ws.moe_first[e], n = ws.moe_first[e + 1] - r0;
+    if (n == 0) continue;
+    auto expert = [e](const Weight& stacked, int64_t rows) {
+      Weight w = stacked;
+      w.rows = rows;
+      w.data = stacked.data + static_cast<size_t>(e) * rows * stacked.row_bytes;
+      return w;
+    };
+    const Weight gate = expert(L.gate_exps, F), up = expert(L.up_exps, F), down = expert(L.down_exps, d);
+    float* g = ws.moe_gate.data() + static_cast<size_t>(r0) * F;
+    float* u = ws.moe_up.data() + static_cast<size_t>(r0) * F;
+    matmul({{&gate, g}, {&up, u}}, ws.moe_in.data() + static_cast<size_t>(r0) * d, n, pool, kern, ws);
+    for (int r = 0; r < n; ++r) kern.silu_mul(g + static_cast<size_t>(r) * F, u + static_cast<size_t>(r) * F, F);
+    matmul({{&down, ws.moe_out.data() + static_cast<size_t>(r0) * d}}, g, n, pool, kern, ws);
+  }
+  // xn (T, d) = sum over a token's choices, best first, of weight * expert output.
+  for (int t = 0; t < T; ++t) {
+    float* o = ws.xn.data() + static_cast<size_t>(t) * d;
+    std::fill(o, o + d, 0.0f);
+    for (int k = 0; k < K; ++k) {
+      const float w = ws.moe_weight[static_cast<size_t>(t) * K + k];
+      const float* y = ws.moe_out.data() + static_cast<size_t>(ws.moe_row[static_cast<size_t>(t) * K + k]) * d;
+      for (int i = 0; i < d; ++i) o[i] += w * y[i];
+    }
+  }
+}
+
+void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa_kv, ThreadPool& pool,
+                    const Kernels& kern, Workspace& ws, std::vector<float>& logits) const {
+  const ModelConfig& c = cfg_;
+  if (c.n_layer_swa > 0 && swa_kv == nullptr) {
+    throw std::invalid_argument("Model::forward: this model has sliding-window layers and needs their KV pool");
+  }
+  if (swa_kv != nullptr && swa_kv->geometry().block_tokens != kv.geometry().block_tokens) {
+    throw std::invalid_argument("Model::forward: the two KV pools must share block_tokens");
+  }
+  const int bt = kv.geometry().block_tokens;
   int T = 0, R = 0;
   for (const auto& it : items) {
     T += it.n;
     R += it.n - it.logits_from;
+    if (c.n_layer_swa > 0 && it.swa_blocks == nullptr) {
+      throw std::invalid_argument("Model::forward: a batch item lacks its sliding-window block table");
+    }
   }
   if (T == 0) return;
   const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  const int bt = g.block_tokens;
   const size_t st = static_cast<size_t>(T);
+  const int dense_ff = c.n_expert > 0 ? 0 : c.n_ff;  // a MoE's feed_forward_length is no layer's width
 
   fit(ws.x, st * d);
-  fit(ws.xn, st * std::max(d, c.n_ff));
+  fit(ws.xn, st * std::max(d, dense_ff));
   fit(ws.q, st * q_dim);
   fit(ws.k, st * kv_dim);
   fit(ws.v, st * kv_dim);
   fit(ws.attn, st * q_dim);
-  fit(ws.ff_gate, st * c.n_ff);
-  fit(ws.ff_up, st * c.n_ff);
+  fit(ws.ff_gate, st * dense_ff);
+  fit(ws.ff_up, st * dense_ff);
   ws.row_pos.resize(st);
   ws.row_blocks.resize(st);
+  ws.row_swa_blocks.resize(st);
   // Per-thread scratch: a matmul tile, or attention's K tile, scores and accumulators.
   const size_t group = static_cast<size_t>(c.n_head / c.n_head_kv);
-  const size_t need = std::max(static_cast<size_t>(kRowTile) * std::max(c.n_embd, std::max(c.n_ff, q_dim)),
-                               group * (kChunkPositions + hd));
+  const int widest = std::max({c.n_embd, dense_ff, q_dim, c.n_ff_exp});
+  const size_t need =
+      std::max(static_cast<size_t>(kRowTile) * static_cast<size_t>(widest), group * (kChunkPositions + hd));
   ws.thread_scratch.resize(pool.size());
   for (auto& s : ws.thread_scratch) {
     if (s.size() < need) s.resize(need);
@@ -391,61 +648,95 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, ThreadPool&
         tokens[t] = it.tokens[j];
         ws.row_pos[t] = it.pos0 + j;
         ws.row_blocks[t] = it.blocks;
+        ws.row_swa_blocks[t] = it.swa_blocks;
       }
     }
   }
 
-  // RoPE cos/sin per row: (T, head_dim/2, 2)
-  std::vector<float> rope_cs(st * hd);
-  for (int t = 0; t < T; ++t) {
-    for (int i = 0; i < hd / 2; ++i) {
-      const double theta = ws.row_pos[t] * std::pow(static_cast<double>(c.rope_base), -2.0 * i / hd);
-      rope_cs[static_cast<size_t>(t) * hd + 2 * i] = static_cast<float>(std::cos(theta));
-      rope_cs[static_cast<size_t>(t) * hd + 2 * i + 1] = static_cast<float>(std::sin(theta));
-    }
-  }
+  // RoPE cos/sin per row: (T, head_dim/2, 2), for the global layers and (own base) the sliding ones.
+  std::vector<float> rope_cs, rope_cs_swa;
+  rope_table(ws.row_pos, T, hd, c.rope_base, rope_freqs_, rope_cs);
+  if (c.n_layer_swa > 0) rope_table(ws.row_pos, T, hd, c.rope_base_swa, rope_freqs_, rope_cs_swa);
 
   pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      kern.dequant_row(tok_embd_.type, tok_embd_.row(tokens[t]), ws.x.data() + t * d, d);
+      float* xr = ws.x.data() + t * d;
+      kern.dequant_row(tok_embd_.type, tok_embd_.row(tokens[t]), xr, d);
+      if (c.embd_scale != 1.0f) {
+        for (int i = 0; i < d; ++i) xr[i] *= c.embd_scale;
+      }
     }
   });
 
+  auto add_rows = [&](float* dst, const float* src) {
+    for (size_t i = 0; i < st * d; ++i) dst[i] += src[i];
+  };
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = layers_[l];
+    const bool swa = c.layer_swa[l] != 0;
+    KvPool& P = swa ? *swa_kv : kv;
+    const KvGeometry& g = P.geometry();
+    const int kl = c.layer_kv_index[l];
+    const std::vector<const std::vector<int>*>& tables = swa ? ws.row_swa_blocks : ws.row_blocks;
+    const std::vector<float>& cs_table = swa ? rope_cs_swa : rope_cs;
+
     rmsnorm_rows(ws.x.data(), L.attn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
     matmul({{&L.wq, ws.q.data()}, {&L.wk, ws.k.data()}, {&L.wv, ws.v.data()}}, ws.xn.data(), T, pool, kern, ws);
-    // RoPE and the K/V writes, one token row per task (rows write disjoint KV slots).
+    // Q/K norms, RoPE and the K/V writes, one token row per task (rows write disjoint KV slots).
     pool.parallel_for(T, [&](int, int64_t tb, int64_t te) {
       for (int64_t t = tb; t < te; ++t) {
-        const float* cs = rope_cs.data() + static_cast<size_t>(t) * hd;
-        rope_row(ws.q.data() + static_cast<size_t>(t) * q_dim, c.n_head, hd, hd, cs);
-        rope_row(ws.k.data() + static_cast<size_t>(t) * kv_dim, c.n_head_kv, hd, hd, cs);
+        float* q = ws.q.data() + static_cast<size_t>(t) * q_dim;
+        float* k = ws.k.data() + static_cast<size_t>(t) * kv_dim;
+        float* v = ws.v.data() + static_cast<size_t>(t) * kv_dim;
+        if (c.qkv_bias) {
+          for (int i = 0; i < q_dim; ++i) q[i] += L.bq[i];
+          for (int i = 0; i < kv_dim; ++i) k[i] += L.bk[i], v[i] += L.bv[i];
+        }
+        if (c.qk_norm) {
+          rmsnorm_rows(q, L.q_norm.data(), q, c.n_head, hd, c.rms_eps);
+          rmsnorm_rows(k, L.k_norm.data(), k, c.n_head_kv, hd, c.rms_eps);
+        }
+        const float* cs = cs_table.data() + static_cast<size_t>(t) * hd;
+        if (c.rope_style == RopeStyle::kAdjacent) {
+          rope_row(q, c.n_head, hd, hd, cs);
+          rope_row(k, c.n_head_kv, hd, hd, cs);
+        } else {
+          rope_row_half(q, c.n_head, hd, hd, cs);
+          rope_row_half(k, c.n_head_kv, hd, hd, cs);
+        }
         const int pos = ws.row_pos[t];
-        const int block = (*ws.row_blocks[t])[pos / bt];
+        const int block = (*tables[t])[pos / bt];
         for (int h = 0; h < c.n_head_kv; ++h) {
-          kv_store_row(g.k_format, ws.k.data() + static_cast<size_t>(t) * kv_dim + h * hd,
-                       kv.k_row(block, l, pos % bt, h), hd);
-          kv_store_row(g.v_format, ws.v.data() + static_cast<size_t>(t) * kv_dim + h * hd,
-                       kv.v_row(block, l, pos % bt, h), hd);
+          kv_store_row(g.k_format, k + h * hd, P.k_row(block, kl, pos % bt, h), hd);
+          kv_store_row(g.v_format, v + h * hd, P.v_row(block, kl, pos % bt, h), hd);
         }
       }
     });
 
-    attention(c, l, T, kv, pool, kern, ws);
+    attention(c, kl, swa ? c.sliding_window : 0, T, P, tables, pool, kern, ws);
 
     matmul({{&L.wo, ws.xn.data()}}, ws.attn.data(), T, pool, kern, ws);
-    for (size_t i = 0; i < st * d; ++i) ws.x[i] += ws.xn[i];
+    if (c.post_norms) rmsnorm_rows(ws.xn.data(), L.post_attn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
+    add_rows(ws.x.data(), ws.xn.data());
 
     rmsnorm_rows(ws.x.data(), L.ffn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
-    matmul({{&L.gate, ws.ff_gate.data()}, {&L.up, ws.ff_up.data()}}, ws.xn.data(), T, pool, kern, ws);
-    pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        kern.silu_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
-      }
-    });
-    matmul({{&L.down, ws.xn.data()}}, ws.ff_gate.data(), T, pool, kern, ws);
-    for (size_t i = 0; i < st * d; ++i) ws.x[i] += ws.xn[i];
+    if (c.n_expert > 0) {
+      moe_ffn(L, T, pool, kern, ws);
+    } else {
+      matmul({{&L.gate, ws.ff_gate.data()}, {&L.up, ws.ff_up.data()}}, ws.xn.data(), T, pool, kern, ws);
+      pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          if (c.ffn_act == FfnAct::kGeluTanh) {
+            gelu_tanh_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
+          } else {
+            kern.silu_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
+          }
+        }
+      });
+      matmul({{&L.down, ws.xn.data()}}, ws.ff_gate.data(), T, pool, kern, ws);
+    }
+    if (c.post_norms) rmsnorm_rows(ws.xn.data(), L.post_ffn_norm.data(), ws.xn.data(), T, d, c.rms_eps);
+    add_rows(ws.x.data(), ws.xn.data());
   }
 
   // Final norm and output projection only for the rows that need logits.

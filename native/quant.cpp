@@ -62,40 +62,94 @@ uint16_t fp32_to_fp16(float f) {
   return sign | static_cast<uint16_t>(h);
 }
 
-TypeTraits type_traits(uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32:
-      return {"F32", 1, 4};
-    case GgmlType::F16:
-      return {"F16", 1, 2};
-    case GgmlType::BF16:
-      return {"BF16", 1, 2};
-    case GgmlType::Q4_0:
-      return {"Q4_0", kQK, sizeof(BlockQ4_0)};
-    case GgmlType::Q4_1:
-      return {"Q4_1", kQK, sizeof(BlockQ4_1)};
-    case GgmlType::Q8_0:
-      return {"Q8_0", kQK, sizeof(BlockQ8_0)};
+namespace {
+
+// Every type this engine reads: {id, name, elements per block, bytes per block}.
+struct TypeRow {
+  GgmlType type;
+  TypeTraits traits;
+};
+constexpr TypeRow kTypes[] = {
+    {GgmlType::F32, {"F32", 1, 4}},
+    {GgmlType::F16, {"F16", 1, 2}},
+    {GgmlType::BF16, {"BF16", 1, 2}},
+    {GgmlType::Q4_0, {"Q4_0", kQK, sizeof(BlockQ4_0)}},
+    {GgmlType::Q4_1, {"Q4_1", kQK, sizeof(BlockQ4_1)}},
+    {GgmlType::Q5_0, {"Q5_0", kQK, sizeof(BlockQ5_0)}},
+    {GgmlType::Q5_1, {"Q5_1", kQK, sizeof(BlockQ5_1)}},
+    {GgmlType::Q8_0, {"Q8_0", kQK, sizeof(BlockQ8_0)}},
+    {GgmlType::Q2_K, {"Q2_K", kQKK, sizeof(BlockQ2_K)}},
+    {GgmlType::Q3_K, {"Q3_K", kQKK, sizeof(BlockQ3_K)}},
+    {GgmlType::Q4_K, {"Q4_K", kQKK, sizeof(BlockQ4_K)}},
+    {GgmlType::Q5_K, {"Q5_K", kQKK, sizeof(BlockQ5_K)}},
+    {GgmlType::Q6_K, {"Q6_K", kQKK, sizeof(BlockQ6_K)}},
+    {GgmlType::IQ4_NL, {"IQ4_NL", kQK, sizeof(BlockIQ4_NL)}},
+    {GgmlType::IQ4_XS, {"IQ4_XS", kQKK, sizeof(BlockIQ4_XS)}},
+};
+
+const TypeRow* find_type(uint32_t type) {
+  for (const TypeRow& r : kTypes) {
+    if (static_cast<uint32_t>(r.type) == type) return &r;
   }
-  throw std::invalid_argument("tensor type id " + std::to_string(type) +
-                              " is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)");
+  return nullptr;
+}
+
+// GGML's names for the type ids it defines (nullptr: ids GGML retired, e.g. 4-5 and 31-33).
+const char* ggml_name_or_null(uint32_t type) {
+  static const char* const names[] = {
+      "F32",   "F16",    "Q4_0",  "Q4_1",  nullptr, nullptr,   "Q5_0",   "Q5_1",    "Q8_0",  "Q8_1",   "Q2_K",
+      "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
+      "IQ2_S", "IQ4_XS", "I8",    "I16",   "I32",   "I64",     "F64",    "IQ1_M",   "BF16",  nullptr,  nullptr,
+      nullptr, "TQ1_0",  "TQ2_0", nullptr, nullptr, nullptr,   "MXFP4",  "NVFP4",   "Q1_0"};
+  if (type >= sizeof(names) / sizeof(names[0])) return nullptr;
+  return names[type];
+}
+
+}  // namespace
+
+const char* supported_type_list() {
+  static const std::string list = [] {
+    std::string s;
+    for (const TypeRow& r : kTypes) s += (s.empty() ? "" : ", ") + std::string(r.traits.name);
+    return s;
+  }();
+  return list.c_str();
+}
+
+std::string unsupported_type_message(uint32_t type, const std::string& where) {
+  const char* n = ggml_name_or_null(type);
+  return std::string("unsupported tensor type ") + (n != nullptr ? n : "id " + std::to_string(type)) +
+         (where.empty() ? "" : " in " + where) + " (supported: " + supported_type_list() +
+         "); re-quantize to one of them";
+}
+
+TypeTraits type_traits(uint32_t type) {
+  if (const TypeRow* r = find_type(type)) return r->traits;
+  throw std::invalid_argument(unsupported_type_message(type, ""));
 }
 
 bool type_supported(uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32:
-    case GgmlType::F16:
-    case GgmlType::BF16:
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q8_0:
-      return true;
+  return find_type(type) != nullptr;
+}
+
+bool type_is_quantized(GgmlType type) {
+  return type_supported(static_cast<uint32_t>(type)) && type != GgmlType::F32 && type != GgmlType::F16 &&
+         type != GgmlType::BF16;
+}
+
+GgmlType type_from_name(const std::string& name) {
+  for (const TypeRow& r : kTypes) {
+    if (name == r.traits.name) return r.type;
   }
-  return false;
+  throw std::invalid_argument("unknown weight type '" + name + "' (supported: " + supported_type_list() + ")");
 }
 
 size_t row_bytes(GgmlType type, int64_t n) {
   const TypeTraits t = type_traits(static_cast<uint32_t>(type));
+  if (n < 0 || n % t.block_elems != 0) {
+    throw std::invalid_argument("row_bytes: a " + std::string(t.name) + " row must be a multiple of " +
+                                std::to_string(t.block_elems) + " elements, got " + std::to_string(n));
+  }
   return static_cast<size_t>(n / t.block_elems) * static_cast<size_t>(t.block_bytes);
 }
 

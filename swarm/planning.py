@@ -54,9 +54,15 @@ def model_geometry(cfg: SwarmConfig) -> tuple[planner.ModelGeometry, Path | None
             weight_stream_bytes=int(g.weight_bytes), resident_bytes=int(g.weight_bytes),
         )  # fmt: skip
         return geom, None
-    from worker.models import resolve_model  # the default model's location
+    from worker.errors import ModelNotFoundError
+    from worker.models import resolve_model  # the default model's location, a `swarm models` name or a path
 
-    path = resolve_model(None if cfg.model.path == "default" else cfg.model.path)
+    try:
+        path = resolve_model(cfg.model.path)
+    except ModelNotFoundError as e:
+        raise ConfigError(
+            "model.path", str(e).split(". To fix:")[0], "give a GGUF path or a name `swarm models` lists"
+        ) from None
     return read_geometry(path), path
 
 

@@ -26,7 +26,8 @@ def plot_memory(plan: Plan, inp: PlanInputs, out: str | Path) -> None:
     for ax, w in zip(axes[0], workers, strict=True):
         ctx = np.linspace(1, geom.n_ctx, 200)
         for p in pairs:
-            total = w.weight_bytes + w.scratch_bytes + w.agents * ctx * geom.kv_bytes_per_token(p)
+            kv = np.array([geom.kv_bytes(int(n), p, inp.settings) for n in ctx])  # sliding layers capped
+            total = w.weight_bytes + w.scratch_bytes + w.agents * kv
             style = "-" if pair_name(p) == w.format else "--"
             ax.plot(ctx, total / 1e9, style, label=pair_name(p))
         ax.axhline(w.usable_bytes / 1e9, color="black", lw=1.2, label=f"{w.device} limit")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +35,9 @@ from swarm.api.status import MAX_ERROR_CHARS
 from swarm.errors import PortInUse
 from swarm.store import Store
 from swarm.v1 import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarm.http import HttpServer
 
 DEFAULT_LIMITS = Limits()
 
@@ -107,6 +110,7 @@ class Server:
     host: str
     token: str | None
     health: health.HealthServicer
+    http: HttpServer | None = None  # the OpenAI-compatible HTTP API, when it is on
 
     @property
     def target(self) -> str:
@@ -114,6 +118,8 @@ class Server:
 
     def stop(self, grace: float = 5.0) -> None:
         self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            self.http.stop(grace)
         self.server.stop(grace).wait(grace + 5)
         self.hub.shutdown()
 
@@ -138,6 +144,7 @@ def serve(
     store_path: Path | None = None,
     tokens_file: Path | None = None,
     models_dir: Path | None = None,
+    http_port: int | None = None,
 ) -> Server:
     """Starts the server (token None: auth disabled, for local development only).
 
@@ -149,6 +156,9 @@ def serve(
 
     Swarms and jobs are recorded in `store_path` (default <out_root>/kvswarm.db);
     swarms a previous server left running there are resumed before it listens.
+
+    `http_port` (None: off; 0: any free port) serves the OpenAI-compatible HTTP API (swarm/http) on the
+    same host, with the same tokens, limits and TLS; `Server.http.port` is the bound port.
     """
     hub = Hub(conn=conn, out_root=out_root, store=Store(store_path or out_root / "kvswarm.db"), echo=echo,
               calibrate=calibrate, models_dir=Path(models_dir) if models_dir else None)  # fmt: skip
@@ -157,8 +167,9 @@ def serve(
                ("grpc.max_send_message_length", limits.max_message_bytes)]  # fmt: skip
     admission = auth.Admission(slots=max_workers, streams_per_identity=limits.max_streams_per_client)
     tokens = auth.Tokens(token, tokens_file, echo=echo) if token else None
+    limiter = auth.Limiter(admission)  # one count of calls per token, over gRPC and HTTP together
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=admission.threads, thread_name_prefix="grpc"),
-                         interceptors=[auth.Gate(tokens, auth.Limiter(admission))], options=options,
+                         interceptors=[auth.Gate(tokens, limiter)], options=options,
                          maximum_concurrent_rpcs=admission.threads)  # fmt: skip
     server.add_generic_rpc_handlers((_handlers(Servicer(hub, limits)),))
     h = health.HealthServicer()
@@ -176,4 +187,16 @@ def serve(
                                            if run.healthy else health_pb2.HealthCheckResponse.NOT_SERVING)  # fmt: skip
     for run in list(hub.swarms.values()):
         hub.on_swarm_state(run)
-    return Server(server=server, hub=hub, port=bound, host=host, token=token, health=h)
+    http = None
+    if http_port is not None:
+        from swarm import http as http_api
+
+        try:
+            http = http_api.start(
+                hub, host=host, port=http_port, tokens=tokens, limiter=limiter, limits=limits, tls=tls
+            )
+        except BaseException:
+            server.stop(0)
+            hub.shutdown()
+            raise
+    return Server(server=server, hub=hub, port=bound, host=host, token=token, health=h, http=http)

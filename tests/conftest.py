@@ -66,3 +66,19 @@ def default_engine_f32(default_model: Path):  # type: ignore[no-untyped-def]
     from worker.engine import Engine
 
     return Engine(default_model, kv_k="f32", kv_v="f32", threads=2)
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m() -> Path:
+    """The real Gemma 3 270M Q4_K_M (tests/model_files.py; assembled into $KVSWARM_TEST_MODELS once)."""
+    import model_files
+
+    return model_files.gemma3_270m()
+
+
+@pytest.fixture(scope="session")
+def tiny_arch_models() -> dict[str, Path]:
+    """{family: path} of the tiny F32 model of every architecture (tests/tinymodels.py; cached)."""
+    import tinymodels
+
+    return {family: tinymodels.tiny_model(family, "F32") for family in tinymodels.TINY_SPECS}

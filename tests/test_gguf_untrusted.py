@@ -68,8 +68,8 @@ def variants(good: bytes) -> dict[str, tuple[bytes, str]]:
         "truncated metadata": (good[:200], "truncated"),
         "truncated tensor data": (good[: len(good) - 1000], "runs past the end"),
         "unknown tensor type": (
-            good[:type_at] + struct.pack("<I", 12) + good[type_at + 4 :],
-            "does not support",
+            good[:type_at] + struct.pack("<I", 16) + good[type_at + 4 :],  # IQ2_XXS: a real type we lack
+            "unsupported tensor type IQ2_XXS in token_embd.weight",
         ),
         "tensor offset past end": (
             good[:offset_at] + struct.pack("<Q", 1 << 40) + good[offset_at + 8 :],

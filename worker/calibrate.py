@@ -46,9 +46,9 @@ from worker import _native
 from worker.calibrate_stats import INTERVAL, AttentionFit, Estimate, attention_problem
 from worker.calibrate_stats import MIN_R2 as MIN_R2  # re-exported: tests read the threshold here
 from worker.calibrate_stats import pooled_r2 as _r2
-from worker.engine import Engine
+from worker.engine import Engine, read_gguf
 from worker.formats import KV_FORMATS, all_pairs, kv_row_bytes, pair_name
-from worker.models import resolve_model
+from worker.models import attention_layout, resolve_model
 from worker.sampling import Sampling
 from worker.settings import DEFAULT_ENGINE
 
@@ -147,10 +147,14 @@ def _median_step(eng: Engine, ids: Sequence[int]) -> float:
 
 
 def _decode_at(eng: Engine, ids: Sequence[int], token: int) -> float:
-    """Starts a generating turn of one token on each sequence and times decode steps."""
+    """Starts a generating turn of one token on each sequence and times decode steps.
+
+    Sequence i is given token + i (so a mixture of experts routes a batch's rows apart, as real
+    sequences do, instead of every row alike)."""
     turn = Sampling(max_new_tokens=WARMUP_STEPS + STEPS + 1)
-    for sid in ids:
-        eng.append(sid, [token], turn)
+    n_vocab = int(eng.config["n_vocab"])
+    for i, sid in enumerate(ids):
+        eng.append(sid, [(token + i) % n_vocab], turn)
     eng.step()  # the appended token itself: a decode-shaped step
     t = _median_step(eng, ids)
     for sid in ids:  # write the lazily kept last token so the sequence can be extended again
@@ -159,16 +163,32 @@ def _decode_at(eng: Engine, ids: Sequence[int], token: int) -> float:
     return t
 
 
+def kv_layout(model: Path) -> list[tuple[int, int, int, int]]:
+    """Per layer (n_kv_head, key_dim, value_dim, window) from the model's header (worker.models' rule)."""
+    meta = read_gguf(model)["metadata"]
+    arch = meta.get("general.architecture")
+    return attention_layout(meta, int(meta[f"{arch}.block_count"]))
+
+
+def attended_positions(layout: Sequence[tuple[int, int, int, int]], context: int) -> int:
+    """(layer, cached position) pairs a decode step at `context` reads: sliding layers stop at their window."""
+    return sum(min(context, w) if w else context for _, _, _, w in layout)
+
+
 def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) -> list[list[tuple[str, str]]]:
     """Splits the pairs into groups whose KV at max_ctx fits in _MEMORY_SHARE of available memory
-    (on a big host: one group, every format interleaved with every other)."""
-    c = Engine(model, kv_k="f16", kv_v="f16", threads=1, prefix_sharing=False).config
+    (on a big host: one group, every format interleaved with every other). A sliding layer holds
+    at most its window plus one step's tokens."""
+    layout = kv_layout(model)
     budget = _MEMORY_SHARE * _available_memory()
     groups: list[list[tuple[str, str]]] = [[]]
     used = 0
     for k, v in pairs:
-        need = (
-            max_ctx * c["n_layer"] * c["n_head_kv"] * (kv_row_bytes(k, c["head_dim"]) + kv_row_bytes(v, c["head_dim"]))
+        need = sum(
+            h
+            * (kv_row_bytes(k, kd) + kv_row_bytes(v, vd))
+            * (min(max_ctx, w + DEFAULT_ENGINE.max_batch_tokens) if w else max_ctx)
+            for h, kd, vd, w in layout
         )
         if groups[-1] and used + need > budget:
             groups.append([])
@@ -230,11 +250,19 @@ def _measure_group(
 ) -> None:
     engines = {p: Engine(model, kv_k=p[0], kv_v=p[1], threads=threads, prefix_sharing=False) for p in group}
     seqs = {p: e.add_sequence([], generate=False) for p, e in engines.items()}
-    n_layer = next(iter(engines.values())).config["n_layer"]
+    layout = kv_layout(model)
     n_ctx = next(iter(engines.values())).config["n_ctx_train"]
     limit = n_ctx - len(contexts) * repeats * (WARMUP_STEPS + STEPS + 2) - 4  # room for every timed step
+    points_at = sorted({min(c, limit) for c in contexts if min(c, limit) > 0})
+    if len(points_at) < 2 and limit >= 8:  # a short-context model: two points inside its context
+        points_at = [limit // 4, limit]
+    if len(points_at) < 2:
+        raise ValueError(
+            f"calibration: the model's {n_ctx}-token context leaves room for fewer than two of the contexts "
+            f"{list(contexts)} after the timed steps. To fix: calibrate with smaller contexts or a longer-context model"
+        )
     per_repeat: dict[tuple[str, str], list[list[tuple[int, float]]]] = {p: [[] for _ in range(repeats)] for p in group}
-    for ctx in sorted({min(c, limit) for c in contexts}):
+    for ctx in points_at:
         for p in group:
             have = len(engines[p].tokens(seqs[p]))
             if ctx > have:
@@ -243,12 +271,14 @@ def _measure_group(
             order = list(group[r % len(group) :]) + list(group[: r % len(group)])
             for p in order:
                 y = _decode_at(engines[p], [seqs[p]], token=1)
-                per_repeat[p][r].append((len(engines[p].tokens(seqs[p])), y))
+                # x: (layer, position) pairs the step reads, so the slope is per position per layer
+                # with sliding-window layers counted only up to their window
+                per_repeat[p][r].append((attended_positions(layout, len(engines[p].tokens(seqs[p]))), y))
     for p in group:
         for pts in per_repeat[p]:
             xs, ys = [x for x, _ in pts], [y for _, y in pts]
             slope = float(np.polyfit(np.array(xs, dtype=np.float64), np.array(ys), 1)[0]) if len(set(xs)) > 1 else 0.0
-            samples[p].append(slope / n_layer * 1e9)
+            samples[p].append(slope * 1e9)
             points[p].extend(pts)
 
 

@@ -137,6 +137,15 @@ class Engine:
     def finish(self, seq_id: int) -> None:
         self._native.finish(seq_id)
 
+    def set_token_mask(self, seq_id: int, bits: Sequence[int] | np.ndarray) -> None:
+        """Constrains the sequence's next samples to the allowed tokens: bit t % 32 of word t // 32, as
+        (ceil(n_vocab / 32),) unsigned 32-bit words (the layout of llguidance's bitmask). Kept until replaced."""
+        words = np.asarray(bits).astype(np.uint32, copy=False).ravel()
+        self._native.set_token_mask(seq_id, words.tolist())
+
+    def clear_token_mask(self, seq_id: int) -> None:
+        self._native.clear_token_mask(seq_id)
+
     def free(self, seq_id: int) -> None:
         self._native.free(seq_id)
 
@@ -174,7 +183,7 @@ class Engine:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
             ]
-            return self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+            return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         return self.tokenizer.encode(prompt)
 
     def stream(

@@ -64,6 +64,7 @@ class _Session:
     error: str = ""  # why the turn failed (reason "error"); the session's KV is freed
     first_token_s: float | None = None  # seconds from admission to this turn's first token
     admitted_at: float = 0.0
+    matcher: Any = None  # this turn's grammar matcher (worker/grammar.py); None: unconstrained
 
 
 class EngineWorker:
@@ -86,10 +87,15 @@ class EngineWorker:
         self.n_vocab = int(self.engine.config["n_vocab"])
         self.profile = self._calibrate()
         self._cond = threading.Condition()
-        self._pending: deque[tuple[str, int, list[int], Sampling, bool]] = deque()
+        # (session, turn, tokens, sampling, fresh, (grammar, reply tokens it already covers) or None)
+        self._pending: deque[tuple[str, int, list[int], Sampling, bool, tuple[str, list[int]] | None]] = deque()
         self._sessions: dict[str, _Session] = {}
         self._by_seq: dict[int, str] = {}
         self._tokens_total = 0
+        self._tokens_prefilled = 0  # tokens handed to the engine to prefill (a turn's new tokens), since start
+        self._constrained_tokens = 0  # tokens sampled under a grammar's mask
+        self._mask_s = 0.0  # seconds spent advancing matchers and setting masks between steps
+        self._grammars: Any = None  # worker.grammar.Grammars, built on the first constrained turn
         self._steps = 0
         self._window: deque[tuple[float, int]] = deque()
         self._started = time.time()
@@ -124,6 +130,11 @@ class EngineWorker:
             raise SessionError(
                 f"session {session!r}: token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})"
             )
+        sampling = dict(sampling)
+        grammar = sampling.pop("grammar", None)  # constrained decoding (worker/grammar.py); not a Sampling field
+        prefix = [int(t) for t in sampling.pop("grammar_prefix", ())]  # reply tokens the grammar already covers
+        if grammar is not None and not isinstance(grammar, str):
+            raise SessionError(f"session {session!r}: sampling.grammar must be llguidance grammar text")
         sp = Sampling(**sampling)
         with self._cond:
             if self._error:
@@ -133,7 +144,8 @@ class EngineWorker:
                 raise SessionError(f"session {session!r} already has turn {st.turn} running; wait for it to finish")
             if (st is None or st.seq < 0) and not fresh:
                 raise SessionError(f"session {session!r} is not on worker {self.spec.name}; resend with its history")
-            self._pending.append((session, turn, list(tokens), sp, fresh))
+            constraint = (grammar, prefix) if grammar is not None else None
+            self._pending.append((session, turn, list(tokens), sp, fresh, constraint))
             if st is not None:
                 st.queued = True
             self._cond.notify_all()
@@ -199,6 +211,9 @@ class EngineWorker:
                 "kv_bytes_reserved": int(mem["bytes_reserved"]),
                 "kv_bytes_used": int(mem["bytes_used"]),
                 "tokens_generated": self._tokens_total,
+                "tokens_prefilled": self._tokens_prefilled,
+                "constrained_tokens": self._constrained_tokens,
+                "mask_s": self._mask_s,
                 "tokens_per_s": made / span if made else 0.0,
                 "steps": self._steps,
                 "uptime_s": time.time() - self._started,
@@ -236,9 +251,10 @@ class EngineWorker:
         """Starts the submitted turns. One the engine refuses (bad sampling, a prompt past the context, no KV
         left) fails alone: its session reports done with reason "error" and the others go on."""
         while self._pending:
-            name, turn, tokens, sp, fresh = self._pending.popleft()
+            name, turn, tokens, sp, fresh, constraint = self._pending.popleft()
             st = self._sessions.get(name)
             try:
+                matcher = self._matcher(*constraint) if constraint is not None else None
                 if fresh and st is not None:  # a new history: nothing of the old session is kept
                     self._drop_seq(st)
                     st = None
@@ -248,6 +264,12 @@ class EngineWorker:
                     self._by_seq[seq] = name
                 else:
                     self.engine.append(st.seq, tokens, sp)
+                self._tokens_prefilled += len(tokens)
+                st.matcher = matcher
+                if matcher is not None:
+                    self.engine.set_token_mask(st.seq, self._grammars.mask(matcher))
+                else:
+                    self.engine.clear_token_mask(st.seq)
             except Exception as e:  # noqa: BLE001 - the engine's refusal of one turn is that turn's failure
                 if st is not None:
                     with contextlib.suppress(Exception):
@@ -257,6 +279,31 @@ class EngineWorker:
                 continue
             st.turn, st.active, st.queued, st.reason, st.error = turn, True, False, "", ""
             st.first_token_s, st.admitted_at = None, time.monotonic()
+
+    def _matcher(self, grammar: str, prefix: list[int]) -> Any:
+        """A matcher at the grammar's start, advanced over the reply tokens a resumed turn already made."""
+        if self._grammars is None:
+            from worker.grammar import Grammars  # llguidance loads only on a worker that constrains a turn
+
+            self._grammars = Grammars(self.engine.tokenizer, self.n_vocab)
+        m = self._grammars.matcher(grammar)
+        for tok in prefix:
+            self._grammars.advance(m, tok)
+        return m
+
+    def _constrain(self, st: _Session, tok: int) -> None:
+        """Feeds a constrained session's sampled token to its matcher and sets the next mask (under self._cond)."""
+        t0 = time.perf_counter()
+        self._constrained_tokens += 1
+        try:
+            self._grammars.advance(st.matcher, tok)
+            if self.engine.info(st.seq)["generating"]:
+                self.engine.set_token_mask(st.seq, self._grammars.mask(st.matcher))
+            else:
+                st.matcher = None
+        except Exception as e:  # noqa: BLE001 - a grammar failure fails this turn alone
+            self._fail(st, e)
+        self._mask_s += time.perf_counter() - t0
 
     def _drop_seq(self, st: _Session) -> None:
         """Frees a session's engine sequence (its KV); the session stays to report its turn."""
@@ -307,6 +354,8 @@ class EngineWorker:
                         if st.first_token_s is None:
                             st.first_token_s = now - st.admitted_at
                         st.new_tokens.append(int(tok))
+                        if st.matcher is not None and st.seq >= 0:
+                            self._constrain(st, int(tok))
                     self._tokens_total += len(produced)
                     if produced:
                         self._window.append((now, len(produced)))

@@ -45,6 +45,140 @@ void dequant_q8_0(const BlockQ8_0* b, float* dst, int64_t nb) {
   }
 }
 
+// One 32-element block b of a row in any of the newer block formats, as integers and the
+// affine map of each 16-element half: element l has value s[l / 16] * q[l] + o[l / 16].
+// Signed formats carry their offset in q (Q5_0: q - 16, Q6_K: q - 32, IQ4: the level), so
+// o is 0 for them; formats with a min (Q5_1, Q2_K, Q4_K, Q5_K) keep q unsigned and put it in o.
+struct Decoded32 {
+  int q[kQK];
+  float s[2];
+  float o[2];
+};
+
+void decode32(GgmlType type, const void* row, int64_t b, Decoded32* out) {
+  int* q = out->q;
+  const int64_t sb = b / 8;               // super-block of a 256-element format
+  const int j = static_cast<int>(b % 8);  // 32-element sub-block inside it
+  switch (type) {
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      const bool q50 = type == GgmlType::Q5_0;
+      const auto* b0 = static_cast<const BlockQ5_0*>(row) + b;
+      const auto* b1 = static_cast<const BlockQ5_1*>(row) + b;
+      const uint8_t* qs = q50 ? b0->qs : b1->qs;
+      uint32_t qh;
+      std::memcpy(&qh, q50 ? b0->qh : b1->qh, 4);
+      for (int l = 0; l < kQK; ++l) {
+        const int nib = l < 16 ? qs[l] & 15 : qs[l - 16] >> 4;
+        q[l] = (nib | static_cast<int>((qh >> l) & 1u) << 4) - (q50 ? 16 : 0);
+      }
+      const float d = fp16_to_fp32(q50 ? b0->d : b1->d);
+      const float m = q50 ? 0.0f : fp16_to_fp32(b1->m);
+      out->s[0] = out->s[1] = d;
+      out->o[0] = out->o[1] = m;
+      return;
+    }
+    case GgmlType::IQ4_NL: {
+      const auto* blk = static_cast<const BlockIQ4_NL*>(row) + b;
+      for (int l = 0; l < kQK; ++l) q[l] = kIq4Levels[l < 16 ? blk->qs[l] & 15 : blk->qs[l - 16] >> 4];
+      out->s[0] = out->s[1] = fp16_to_fp32(blk->d);
+      out->o[0] = out->o[1] = 0.0f;
+      return;
+    }
+    case GgmlType::IQ4_XS: {
+      const auto* blk = static_cast<const BlockIQ4_XS*>(row) + sb;
+      const uint8_t* qs = blk->qs + 16 * j;
+      for (int l = 0; l < kQK; ++l) q[l] = kIq4Levels[l < 16 ? qs[l] & 15 : qs[l - 16] >> 4];
+      const int ls = ((blk->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((blk->scales_h >> (2 * j)) & 3) << 4;
+      out->s[0] = out->s[1] = fp16_to_fp32(blk->d) * static_cast<float>(ls - 32);
+      out->o[0] = out->o[1] = 0.0f;
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool q4 = type == GgmlType::Q4_K;
+      const auto* b4 = static_cast<const BlockQ4_K*>(row) + sb;
+      const auto* b5 = static_cast<const BlockQ5_K*>(row) + sb;
+      const uint8_t* qs = (q4 ? b4->qs : b5->qs) + 32 * (j / 2);
+      for (int l = 0; l < kQK; ++l) {
+        q[l] = (qs[l] >> (4 * (j % 2))) & 15;
+        if (!q4) q[l] |= ((b5->qh[l] >> j) & 1) << 4;
+      }
+      int sc, mn;
+      k_scale_min(q4 ? b4->scales : b5->scales, j, &sc, &mn);
+      out->s[0] = out->s[1] = fp16_to_fp32(q4 ? b4->d : b5->d) * static_cast<float>(sc);
+      out->o[0] = out->o[1] = -(fp16_to_fp32(q4 ? b4->dmin : b5->dmin) * static_cast<float>(mn));
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const auto* blk = static_cast<const BlockQ6_K*>(row) + sb;
+      const int h = j / 4;          // 128-element half
+      const int r0 = 32 * (j % 4);  // offset of this sub-block inside the half
+      const float d = fp16_to_fp32(blk->d);
+      for (int l = 0; l < kQK; ++l) {
+        const int r = r0 + l;
+        const int lo = (blk->ql[64 * h + r % 64] >> (4 * (r / 64))) & 15;
+        const int hi = (blk->qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+        q[l] = (lo | hi << 4) - 32;
+      }
+      for (int k = 0; k < 2; ++k) {
+        out->s[k] = d * static_cast<float>(blk->scales[2 * j + k]);
+        out->o[k] = 0.0f;
+      }
+      return;
+    }
+    case GgmlType::Q3_K: {
+      const auto* blk = static_cast<const BlockQ3_K*>(row) + sb;
+      const float d = fp16_to_fp32(blk->d);
+      for (int l = 0; l < kQK; ++l) {
+        const int e = 32 * j + l;
+        const int low = (blk->qs[32 * (e / 128) + l] >> (2 * ((e % 128) / 32))) & 3;
+        const int high = (blk->hmask[l] >> (e / 32)) & 1;
+        q[l] = low - (high ? 0 : 4);
+      }
+      for (int k = 0; k < 2; ++k) {
+        out->s[k] = d * static_cast<float>(q3k_scale(blk->scales, 2 * j + k));
+        out->o[k] = 0.0f;
+      }
+      return;
+    }
+    case GgmlType::Q2_K: {
+      const auto* blk = static_cast<const BlockQ2_K*>(row) + sb;
+      const float d = fp16_to_fp32(blk->d), dmin = fp16_to_fp32(blk->dmin);
+      for (int l = 0; l < kQK; ++l) {
+        const int e = 32 * j + l;
+        q[l] = (blk->qs[32 * (e / 128) + l] >> (2 * ((e % 128) / 32))) & 3;
+      }
+      for (int k = 0; k < 2; ++k) {
+        const uint8_t sc = blk->scales[2 * j + k];
+        out->s[k] = d * static_cast<float>(sc & 15);
+        out->o[k] = -(dmin * static_cast<float>(sc >> 4));
+      }
+      return;
+    }
+    default:
+      break;
+  }
+  std::memset(out, 0, sizeof(*out));  // not a block format handled here
+}
+
+bool uses_decode32(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void dequant_row(GgmlType type, const void* src, float* dst, int64_t n) {
   switch (type) {
     case GgmlType::F32:
@@ -69,6 +203,17 @@ void dequant_row(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::Q8_0:
       dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
       return;
+    default:
+      break;
+  }
+  if (uses_decode32(type)) {
+    Decoded32 blk;
+    for (int64_t b = 0; b < n / kQK; ++b, dst += kQK) {
+      decode32(type, src, b, &blk);
+      for (int l = 0; l < kQK; ++l) {
+        dst[l] = blk.s[l / 16] * static_cast<float>(blk.q[l]) + blk.o[l / 16];
+      }
+    }
   }
 }
 
@@ -155,6 +300,24 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
     }
     default:
       break;
+  }
+  if (uses_decode32(type)) {
+    // Per 16-element half: a.d * (s * sum q a + o * sum a), integer sums exact.
+    Decoded32 blk;
+    for (int64_t i = 0; i < nb; ++i) {
+      decode32(type, w, i, &blk);
+      float part = 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        int32_t qa = 0, as = 0;
+        for (int l = 16 * h; l < 16 * h + 16; ++l) {
+          qa += blk.q[l] * a[i].qs[l];
+          as += a[i].qs[l];
+        }
+        part += blk.s[h] * static_cast<float>(qa) + blk.o[h] * static_cast<float>(as);
+      }
+      sum += a[i].d * part;
+    }
+    return sum;
   }
   return 0.0f;  // float weight types never take the quantized path
 }

@@ -40,7 +40,54 @@ std::vector<float> randn(std::mt19937& rng, size_t n, float sd) {
   return v;
 }
 
-// A weight row of n elements in `type`, built with the reference encoders.
+// Random valid blocks of the formats we only read (K-quants, Q5, IQ4): random bytes for the
+// quants and packed scales, then sane f16 super-scales (|d| ~ 0.01, signs mixed).
+template <typename B>
+void set_scales(std::vector<uint8_t>& out, std::mt19937& rng, uint16_t B::*d, uint16_t B::*m) {
+  std::uniform_real_distribution<float> u(0.002f, 0.02f);
+  auto* b = reinterpret_cast<B*>(out.data());
+  for (size_t i = 0; i < out.size() / sizeof(B); ++i) {
+    b[i].*d = fp32_to_fp16(rng() % 2 ? u(rng) : -u(rng));
+    if (m != nullptr) b[i].*m = fp32_to_fp16(u(rng));
+  }
+}
+
+void random_blocks(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) {
+  for (auto& byte : out) byte = static_cast<uint8_t>(rng());
+  switch (type) {
+    case GgmlType::Q5_0:
+      set_scales<BlockQ5_0>(out, rng, &BlockQ5_0::d, nullptr);
+      break;
+    case GgmlType::Q5_1:
+      set_scales<BlockQ5_1>(out, rng, &BlockQ5_1::d, &BlockQ5_1::m);
+      break;
+    case GgmlType::IQ4_NL:
+      set_scales<BlockIQ4_NL>(out, rng, &BlockIQ4_NL::d, nullptr);
+      break;
+    case GgmlType::IQ4_XS:
+      set_scales<BlockIQ4_XS>(out, rng, &BlockIQ4_XS::d, nullptr);
+      break;
+    case GgmlType::Q2_K:
+      set_scales<BlockQ2_K>(out, rng, &BlockQ2_K::d, &BlockQ2_K::dmin);
+      break;
+    case GgmlType::Q3_K:
+      set_scales<BlockQ3_K>(out, rng, &BlockQ3_K::d, nullptr);
+      break;
+    case GgmlType::Q4_K:
+      set_scales<BlockQ4_K>(out, rng, &BlockQ4_K::d, &BlockQ4_K::dmin);
+      break;
+    case GgmlType::Q5_K:
+      set_scales<BlockQ5_K>(out, rng, &BlockQ5_K::d, &BlockQ5_K::dmin);
+      break;
+    case GgmlType::Q6_K:
+      set_scales<BlockQ6_K>(out, rng, &BlockQ6_K::d, nullptr);
+      break;
+    default:
+      break;
+  }
+}
+
+// A weight row of n elements in `type`, built with the reference encoders (or random blocks).
 std::vector<uint8_t> make_row(GgmlType type, const std::vector<float>& x, std::mt19937& rng) {
   const size_t n = x.size();
   std::vector<uint8_t> out(row_bytes(type, static_cast<int64_t>(n)));
@@ -76,6 +123,9 @@ std::vector<uint8_t> make_row(GgmlType type, const std::vector<float>& x, std::m
       }
       break;
     }
+    default:
+      random_blocks(type, out, rng);
+      break;
   }
   return out;
 }
@@ -97,10 +147,12 @@ void test_level(const Kernels& k, const Kernels& ref) {
     for (int i = 0; i < n; ++i) ok = ok && close(y1[i], y2[i], std::fabs(y2[i]), 1e-6);
     check(ok, L + " axpy_f32 n=" + std::to_string(n));
   }
-  const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
-                            GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
+  const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,   GgmlType::Q4_0,
+                            GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,
+                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
   for (GgmlType t : types) {
-    const int n = 32 * 9;
+    // 9 blocks of 32 (odd), or 3 super-blocks of 256 for the K formats.
+    const int n = type_traits(static_cast<uint32_t>(t)).block_elems == kQKK ? kQKK * 3 : 32 * 9;
     auto x = randn(rng, n, 0.5f);
     auto row = make_row(t, x, rng);
     std::vector<float> got(n, NAN), want(n, NAN);
@@ -109,7 +161,7 @@ void test_level(const Kernels& k, const Kernels& ref) {
     bool ok = true;
     for (int i = 0; i < n; ++i) ok = ok && close(got[i], want[i], std::fabs(want[i]), 1e-6);
     check(ok, L + " dequant_row " + type_traits(static_cast<uint32_t>(t)).name);
-    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1) {
+    if (type_is_quantized(t)) {
       auto act = randn(rng, n, 2.0f);
       std::vector<BlockQ8A> qa(n / kQK);
       ref.quantize_act(act.data(), qa.data(), n);
@@ -117,22 +169,25 @@ void test_level(const Kernels& k, const Kernels& ref) {
       for (int i = 0; i < n; ++i) sc += std::fabs(want[i] * act[i]);
       check(close(k.dot_q(t, row.data(), qa.data(), n), ref.dot_q(t, row.data(), qa.data(), n), sc, 1e-5),
             L + " dot_q " + type_traits(static_cast<uint32_t>(t)).name);
-      // 11 activation rows (more than one tile of 8), strided output.
-      const int T = 11;
-      auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
-      std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
-      for (int r = 0; r < T; ++r) ref.quantize_act(acts.data() + r * n, qt.data() + r * n / kQK, n);
-      std::vector<float> o1(2 * T, NAN), o2(2 * T, NAN);
-      k.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o1.data(), 2);
-      ref.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o2.data(), 2);
+      // 3 and 11 activation rows (partial tiles, more than one tile of 8), strided NaN-filled output.
       bool okb = true;
-      for (int r = 0; r < T; ++r) {
-        okb = okb && close(o1[2 * r], o2[2 * r], sc, 1e-5) && std::isnan(o1[2 * r + 1]);
+      for (const int T : {3, 11}) {
+        auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
+        std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
+        for (int r = 0; r < T; ++r) ref.quantize_act(acts.data() + r * n, qt.data() + r * n / kQK, n);
+        std::vector<float> o1(2 * T, NAN), o2(2 * T, NAN);
+        k.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o1.data(), 2);
+        ref.dot_q_batch(t, row.data(), qt.data(), n / kQK, T, n, o2.data(), 2);
+        for (int r = 0; r < T; ++r) {
+          okb = okb && close(o1[2 * r], o2[2 * r], sc, 1e-5) && std::isnan(o1[2 * r + 1]);
+        }
+        // A row's result must not depend on how many rows share the call (batch invariance),
+        // and T = 1 must equal dot_q (the engine calls dot_q for single-token steps).
+        float single = NAN;
+        const BlockQ8A* a2 = qt.data() + 2 * (n / kQK);
+        k.dot_q_batch(t, row.data(), a2, n / kQK, 1, n, &single, 1);
+        okb = okb && single == o1[2 * 2] && single == k.dot_q(t, row.data(), a2, n);
       }
-      // A row's result must not depend on how many rows share the call (batch invariance).
-      float single = NAN;
-      k.dot_q_batch(t, row.data(), qt.data() + 3 * (n / kQK), n / kQK, 1, n, &single, 1);
-      okb = okb && single == o1[2 * 3];
       check(okb, L + " dot_q_batch " + type_traits(static_cast<uint32_t>(t)).name);
     }
   }

@@ -171,7 +171,9 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Model:
-    path: str = field(default="default", metadata=_doc("'default' (SmolLM2-135M) or a GGUF path"))
+    path: str = field(
+        default="default", metadata=_doc("'default' (SmolLM2-135M), a name `swarm models` lists, or a GGUF path")
+    )
     geometry: Geometry | None = field(default=None, metadata=_doc("plan for a model given by its shape instead"))
 
 

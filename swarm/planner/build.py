@@ -59,12 +59,18 @@ def build_plan(m: _Model, counts: np.ndarray, search: str) -> Plan:
                 context=g.context,
                 blocks_per_agent=int(m.private[gi]),
                 shared_blocks=int(m.shared[gi]),
+                sliding_blocks_per_agent=int(m.sliding[gi]),
             )
             for gi, g in enumerate(m.groups)
             if c[gi]
         )
-        bpt = geom.kv_bytes_per_token(pair)
-        crossover = geom.weight_stream_bytes / bpt
+        bpt, sliding_bpt = geom.class_bytes_per_token(pair)
+        sliding = int(c @ m.sliding)
+        stream = geom.stream_bytes(max(n, 1))
+        if sliding_bpt and bpt:  # sliding layers read at most their window: the rest is the global layers'
+            crossover = max(0.0, stream - max(n, 1) * sliding_bpt * geom.sliding_window) / bpt
+        else:
+            crossover = stream / geom.kv_bytes_per_token(pair)
         reserved = int(c @ m.context.astype(np.int64))
         step = n / tps if n and tps > 0 else 0.0
         workers.append(
@@ -78,8 +84,10 @@ def build_plan(m: _Model, counts: np.ndarray, search: str) -> Plan:
                 groups=gw,
                 agents=n,
                 block_bytes=bpt * bt,
-                kv_blocks=int(kv[pi] // (bpt * bt)),
+                kv_blocks=int(c @ m.private + m.shared[present].sum()),
                 kv_bytes=int(kv[pi]),
+                sliding_block_bytes=sliding_bpt * bt,
+                sliding_blocks=sliding,
                 weight_bytes=geom.resident_bytes,
                 scratch_bytes=scratch,
                 usable_bytes=d.usable_bytes,
@@ -173,7 +181,7 @@ def why_nothing_fits(m: _Model) -> str:
     )
     narrow_name = pair_name(m.pairs[narrow])
     bpt = geom.kv_bytes_per_token(m.pairs[narrow])
-    need = sum(g.count * (-(-g.context // bt)) * bt for g in m.groups) * bpt
+    need = sum(g.count * geom.kv_bytes(g.context, m.pairs[narrow], m.settings) for g in m.groups)
     free = [max(0.0, m.free_bytes(w, 1, max_ctx)) for w in range(len(m.devices))]
     total_free = sum(free)
     lines = [
@@ -189,9 +197,10 @@ def why_nothing_fits(m: _Model) -> str:
         share = total_free / n_agents / bpt
         lines.append(f"- shorter contexts: about {int(share // bt * bt):,} tokens per agent fit for all {n_agents}")
     biggest = max(free)
-    if max_ctx * bpt > biggest:
+    one = geom.kv_bytes(max_ctx, m.pairs[narrow], m.settings)
+    if one > biggest:
         lines.append(
-            f"- one agent's {max_ctx:,}-token context needs {_gb(max_ctx * bpt)}, more than the largest worker's "
+            f"- one agent's {max_ctx:,}-token context needs {_gb(one)}, more than the largest worker's "
             f"{_gb(biggest)} free"
         )
     narrowest_any = min(all_pairs(), key=geom.kv_bytes_per_token)

@@ -69,9 +69,11 @@ class Calibration:
     reliable: bool = True
     problems: tuple[str, ...] = ()  # why it is not reliable
     read_bytes_per_s: float = 0.0  # the host's measured read bandwidth, 0 if unknown
+    # seconds each sequence beyond weight_step_s adds; None: the measured range's mean slope
+    weight_step_tail_slope: float | None = None
 
     def weight_time(self, batch: int) -> float:
-        return _extend(self.weight_step_s, batch)
+        return _extend(self.weight_step_s, batch, self.weight_step_tail_slope)
 
     def weight_time_interval(self, batch: int) -> Interval:
         if not self.weight_step_interval:
@@ -79,7 +81,8 @@ class Calibration:
             return (t, t)
         lows = tuple(lo for lo, _ in self.weight_step_interval)
         highs = tuple(hi for _, hi in self.weight_step_interval)
-        return (_extend(lows, batch), _extend(highs, batch))
+        slope = self.weight_step_tail_slope
+        return (_extend(lows, batch, slope), _extend(highs, batch, slope))
 
     def attn_seconds(self, pair: FormatPair) -> float | None:
         ns = self.attn_ns.get(pair_name(pair))
@@ -96,12 +99,27 @@ class Calibration:
     def from_bandwidth(
         geom: ModelGeometry, bytes_per_s: float, pairs: Iterable[FormatPair], source: str = "predicted from catalog"
     ) -> Calibration:
-        """Bytes-only prediction for a device known from the catalog (never measured)."""
+        """Bytes-only prediction for a device known from the catalog (never measured).
+
+        A dense model's step reads the same weights at every batch size; a mixture of experts' step
+        reads more distinct experts as the batch grows (geom.stream_bytes), listed per batch size up
+        to where every expert is expected to be read (within half an expert's bytes), then flat.
+        """
         attn = {}
         for p in pairs:
             if geom.supports(p):
                 attn[pair_name(p)] = geom.kv_bytes_per_token(p) / geom.n_layer / bytes_per_s * 1e9
-        return Calibration(source=source, weight_step_s=(geom.weight_stream_bytes / bytes_per_s,), attn_ns=attn)
+        steps = [geom.stream_bytes(1)]
+        if geom.expert_count:
+            full = geom.stream_bytes(1 << 30)  # every expert read
+            while full - steps[-1] > geom.expert_bytes / 2 and len(steps) < _MAX_PREDICTED_BATCH:
+                steps.append(geom.stream_bytes(len(steps) + 1))
+        return Calibration(
+            source=source,
+            weight_step_s=tuple(b / bytes_per_s for b in steps),
+            attn_ns=attn,
+            weight_step_tail_slope=0.0,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The form worker/calibrate.py writes (and `swarm calibrate --json` prints)."""
@@ -121,6 +139,7 @@ class Calibration:
             "reliable": self.reliable,
             "problems": list(self.problems),
             "read_bytes_per_s": self.read_bytes_per_s,
+            "weight_step_tail_slope": self.weight_step_tail_slope,
         }
 
     @staticmethod
@@ -146,14 +165,24 @@ class Calibration:
             reliable=bool(d.get("reliable", True)),
             problems=tuple(str(x) for x in d.get("problems", ())),
             read_bytes_per_s=float(d.get("read_bytes_per_s", 0.0)),
+            weight_step_tail_slope=None
+            if d.get("weight_step_tail_slope") is None
+            else float(d["weight_step_tail_slope"]),
         )
 
 
-def _extend(t: tuple[float, ...], batch: int) -> float:
-    """t[batch - 1], extrapolated linearly from the measured range beyond it."""
+# Batch sizes a bandwidth prediction lists at most (a mixture of experts' curve flattens long before).
+_MAX_PREDICTED_BATCH = 4096
+
+
+def _extend(t: tuple[float, ...], batch: int, tail_slope: float | None = None) -> float:
+    """t[batch - 1], extrapolated linearly beyond it (tail_slope, else the range's mean slope)."""
     if batch <= len(t):
         return t[batch - 1]
-    slope = max(0.0, (t[-1] - t[0]) / (len(t) - 1)) if len(t) > 1 else 0.0
+    if tail_slope is not None:
+        slope = tail_slope
+    else:
+        slope = max(0.0, (t[-1] - t[0]) / (len(t) - 1)) if len(t) > 1 else 0.0
     return t[-1] + slope * (batch - len(t))
 
 

@@ -40,10 +40,22 @@ class _Model:
                 f"no allowed KV format works with head_dim {geom.head_dim} (quantized formats need a multiple of 32). "
                 "To fix: allow f16 or f32"
             )
-        self.block_bytes = np.array([geom.kv_bytes_per_token(p) * bt for p in self.pairs], dtype=np.float64)
-        self.shared = np.array([min(g.shared_prefix_tokens, g.context - 1) // bt for g in groups], dtype=np.int64)
+        # Two block classes of bt positions (docs/PLANNER.md): the global layers' (a sequence holds
+        # ceil(context / bt), its shared prefix's full blocks once per worker) and the sliding-window
+        # layers' (a bounded number per sequence, never shared; none for models without them).
+        per_token = [geom.class_bytes_per_token(p) for p in self.pairs]
+        self.block_bytes = np.array([g * bt for g, _ in per_token], dtype=np.float64)
+        self.sliding_block_bytes = np.array([s * bt for _, s in per_token], dtype=np.float64)
+        # the engine shares prefix blocks only for models without sliding layers (docs/ARCHITECTURE.md)
+        sharing = geom.n_sliding == 0
+        self.shared = np.array(
+            [min(g.shared_prefix_tokens, g.context - 1) // bt if sharing else 0 for g in groups], dtype=np.int64
+        )
         self.private = np.array([-(-g.context // bt) for g in groups], dtype=np.int64) - self.shared
+        self.sliding = np.array([geom.sliding_blocks(g.context, settings) for g in groups], dtype=np.int64)
         self.context = np.array([g.context for g in groups], dtype=np.float64)
+        # (layer, position) pairs one decode step of an agent reads: context x layers, windows capped
+        self.positions = np.array([geom.attended_positions(g.context) for g in groups], dtype=np.float64)
         # {device index: class index}; identical profiles share the evaluation cache
         keys: dict[Any, int] = {}
         self.dclass = [keys.setdefault((d.usable_bytes, id(d.calibration)), len(keys)) for d in devices]
@@ -105,14 +117,14 @@ class _Model:
         present = counts > 0
         n = int(counts.sum())
         blocks = int(counts @ self.private + self.shared[present].sum())
-        kv = blocks * self.block_bytes
+        kv = blocks * self.block_bytes + int(counts @ self.sliding) * self.sliding_block_bytes
         max_ctx = int(self.context[present].max()) if n else 0
         fits = kv <= self.free_bytes(di, n, max_ctx)
         qual = self.qual_ok[di][present].all(axis=0) if n else np.ones(len(self.pairs), dtype=bool)
         cal = self.devices[di].calibration
         if not n:
             return kv, fits, qual, np.zeros(len(self.pairs))
-        t = cal.weight_time(n) + self.attn[di] * self.geom.n_layer * float(counts @ self.context)
+        t = cal.weight_time(n) + self.attn[di] * float(counts @ self.positions)
         tps = np.where(fits & qual & ~np.isnan(self.attn[di]), n / t, 0.0)
         return kv, fits, qual, np.nan_to_num(tps)
 
@@ -137,7 +149,7 @@ class _Model:
         n = int(counts.sum())
         cal = self.devices[di].calibration
         w_med = cal.weight_time(n)
-        positions = self.geom.n_layer * float(counts @ self.context)
+        positions = float(counts @ self.positions)
         with np.errstate(invalid="ignore", divide="ignore"):
             fast = n / (w_med + self.attn_lo[di] * positions)
             slow = n / (w_med + self.attn_hi[di] * positions)
@@ -168,7 +180,7 @@ class _Model:
         if not n or np.isnan(self.attn_lo[di, pi]):
             return (0.0, 0.0)
         w_lo, w_hi = self.devices[di].calibration.weight_time_interval(n)
-        positions = self.geom.n_layer * float(counts @ self.context)
+        positions = float(counts @ self.positions)
         return (n / (w_hi + self.attn_hi[di, pi] * positions), n / (w_lo + self.attn_lo[di, pi] * positions))
 
 

@@ -31,6 +31,7 @@ class GroupOnWorker:
     context: int  # reserved per agent
     blocks_per_agent: int  # private KV blocks each agent holds
     shared_blocks: int  # blocks of the shared system prompt, held once on this worker
+    sliding_blocks_per_agent: int = 0  # blocks of the sliding-window layers' class each agent holds at most
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class WorkerPlan:
     options: tuple[FormatOption, ...]
     tokens_per_s_interval: Interval = (0.0, 0.0)  # low, high: the calibration's intervals carried through
     decision: str = ""  # why this format: forced by memory, a tie resolved by quality, or faster beyond noise
+    sliding_block_bytes: int = 0  # a block of the sliding-window layers (0: the model has none)
+    sliding_blocks: int = 0  # sliding-class blocks reserved on this worker (kv_blocks counts the global class)
 
     @property
     def memory_bytes(self) -> int:
@@ -147,7 +150,9 @@ def _explain_worker(w: WorkerPlan) -> str:
     lines = [
         f"{w.worker} ({w.device}, {w.backend}, costs {w.source}): {w.agents} agents, contexts {ctx}.",
         f"  Memory: {_gb(w.usable_bytes)} usable - {_gb(w.weight_bytes)} weights - {_gb(w.scratch_bytes)} scratch "
-        f"= {_gb(free)} for KV; {w.format} reserves {w.kv_blocks:,} blocks x {w.block_bytes:,} B = {_gb(w.kv_bytes)}.",
+        f"= {_gb(free)} for KV; {w.format} reserves {w.kv_blocks:,} blocks x {w.block_bytes:,} B"
+        + (f" + {w.sliding_blocks:,} sliding-window blocks x {w.sliding_block_bytes:,} B" if w.sliding_blocks else "")
+        + f" = {_gb(w.kv_bytes)}.",
     ]
     ratio = w.reserved_context / w.crossover_context if w.crossover_context else 0.0
     regime = "KV reads dominate the step, so bytes per position matter" if ratio > 1 else "the weight stream dominates"

@@ -38,6 +38,7 @@ class AdmissionMixin:
         stop: tuple[str, ...] = (),
         idempotency_key: str = "",
         deadline: float | None = None,
+        api: dict[str, Any] | None = None,
     ) -> list[Job]:
         """Queues one turn per target agent (validated by the caller); returns the jobs."""
         with self.lock:
@@ -77,7 +78,7 @@ class AdmissionMixin:
             for a in targets:
                 jobs.append(Job(swarm=self.cfg.name, agent=a.name, messages=list(messages),
                                 max_tokens=max_tokens or a.group.max_new_tokens, sampling=sampling, stop=tuple(stop),
-                                idempotency_key=idempotency_key, deadline=deadline))  # fmt: skip
+                                idempotency_key=idempotency_key, deadline=deadline, api=api))  # fmt: skip
             if self.store is not None:  # accepted means recorded
                 try:
                     self.store.add_jobs([j.record() for j in jobs])

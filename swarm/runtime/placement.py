@@ -182,7 +182,8 @@ def reservations(
                        key=agent_key)  # fmt: skip
         if g.shared_blocks and names:
             out.append(Reservation(f"{keys[g.group].name}.prefix", g.shared_blocks * wp.block_bytes))
-        out += [Reservation(name, g.blocks_per_agent * wp.block_bytes) for name in names]
+        per_agent = g.blocks_per_agent * wp.block_bytes + g.sliding_blocks_per_agent * wp.sliding_block_bytes
+        out += [Reservation(name, per_agent) for name in names]
     return tuple(r for r in out if r.kv_bytes > 0)
 
 

@@ -59,7 +59,10 @@ class TurnsMixin:
         s = a.group.sampling
         base = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
                 "repetition_penalty": s.repetition_penalty, "seed": s.seed + a.index + 7919 * a.turns_done}  # fmt: skip
-        return {**base, **(req.sampling or {}), "max_new_tokens": max_new, "stop_tokens": self.stop_tokens}
+        out = {**base, **(req.sampling or {}), "max_new_tokens": max_new, "stop_tokens": self.stop_tokens}
+        if "grammar" in out and a.turn is not None and a.turn.reply:  # resumed mid-reply: the grammar catches up
+            out["grammar_prefix"] = list(a.turn.reply)
+        return out
 
     def _encode_turn(self, a: Agent, new: list[dict[str, str]]) -> tuple[list[int], bool]:
         """Tokens extending the agent's history with new messages (fresh: the whole conversation)."""
@@ -106,6 +109,7 @@ class TurnsMixin:
         if req.job is not None and a.worker is not None:
             h = self.sched.workers.get(a.worker)
             fmt = _format(h.spec.kv_k, h.spec.kv_v) if h else ""
+            req.job.cached_tokens = 0 if fresh else len(a.history) - len(tokens)  # the history before this turn
             req.job.begin(self.tok.stream_decoder(skip_special=True), a.worker, fmt, len(tokens))
         self._submit(a, tokens, fresh)
 

@@ -1,0 +1,186 @@
+// The CPU backend: host buffers and the active kernel table (kernels/).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../kernels/kernels.h"
+#include "backend.h"
+
+namespace kvs {
+namespace {
+
+class HostBuffer : public Buffer {
+ public:
+  explicit HostBuffer(size_t bytes) : data_(bytes) {}
+  size_t bytes() const override { return data_.size(); }
+  uint8_t* data() { return data_.data(); }
+  const uint8_t* data() const { return data_.data(); }
+
+ private:
+  std::vector<uint8_t> data_;
+};
+
+const HostBuffer& host(const Buffer& b) {
+  const auto* h = dynamic_cast<const HostBuffer*>(&b);
+  if (h == nullptr) throw std::invalid_argument("cpu backend: buffer belongs to another backend");
+  return *h;
+}
+HostBuffer& host(Buffer& b) {
+  return const_cast<HostBuffer&>(host(static_cast<const Buffer&>(b)));
+}
+
+void need(const Buffer& b, size_t bytes, const char* what) {
+  if (b.bytes() < bytes) {
+    throw std::invalid_argument(std::string("cpu backend: ") + what + " holds " + std::to_string(b.bytes()) +
+                                " bytes, the op needs " + std::to_string(bytes));
+  }
+}
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend() : k_(active_kernels()) {}
+  std::string name() const override { return "cpu"; }
+
+  std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
+  void upload(Buffer& buf, const void* src, size_t bytes, size_t offset) override {
+    if (offset > buf.bytes() || bytes > buf.bytes() - offset) throw std::invalid_argument("cpu upload: out of range");
+    std::memcpy(host(buf).data() + offset, src, bytes);
+  }
+  void download(const Buffer& buf, void* dst, size_t bytes, size_t offset) override {
+    if (offset > buf.bytes() || bytes > buf.bytes() - offset) throw std::invalid_argument("cpu download: out of range");
+    std::memcpy(dst, host(buf).data() + offset, bytes);
+  }
+
+  void matmul(GgmlType type, const Buffer& w, int64_t rows, int64_t cols, const Buffer& x, int T, Buffer& y) override {
+    const size_t rb = row_bytes(type, cols);
+    need(w, rb * rows, "weights");
+    need(x, sizeof(float) * T * cols, "x");
+    need(y, sizeof(float) * T * rows, "y");
+    const uint8_t* W = host(w).data();
+    const auto* X = reinterpret_cast<const float*>(host(x).data());
+    auto* Y = reinterpret_cast<float*>(host(y).data());
+    if (type_is_quantized(type)) {
+      const int64_t nb = cols / kQK;
+      std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
+      for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
+      for (int64_t r = 0; r < rows; ++r) k_.dot_q_batch(type, W + r * rb, q.data(), nb, T, cols, Y + r, rows);
+      return;
+    }
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      k_.dequant_row(type, W + r * rb, row.data(), cols);
+      for (int t = 0; t < T; ++t) Y[t * rows + r] = k_.dot_f32(row.data(), X + t * cols, static_cast<int>(cols));
+    }
+  }
+
+  void rms_norm(const Buffer& x, const Buffer& w, int T, int n, float eps, Buffer& y) override {
+    need(x, sizeof(float) * T * n, "x");
+    need(w, sizeof(float) * n, "w");
+    need(y, sizeof(float) * T * n, "y");
+    const auto* X = reinterpret_cast<const float*>(host(x).data());
+    const auto* Wt = reinterpret_cast<const float*>(host(w).data());
+    auto* Y = reinterpret_cast<float*>(host(y).data());
+    for (int t = 0; t < T; ++t) {
+      double ss = 0.0;
+      for (int i = 0; i < n; ++i) ss += static_cast<double>(X[t * n + i]) * X[t * n + i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+      for (int i = 0; i < n; ++i) Y[t * n + i] = X[t * n + i] * inv * Wt[i];
+    }
+  }
+
+  void rope(Buffer& x, const Buffer& pos, int T, int n_head, int head_dim, int n_rot, float base,
+            RopePairs style) override {
+    need(x, sizeof(float) * T * n_head * head_dim, "x");
+    need(pos, sizeof(int32_t) * T, "pos");
+    auto* X = reinterpret_cast<float*>(host(x).data());
+    const auto* P = reinterpret_cast<const int32_t*>(host(pos).data());
+    const int half = n_rot / 2;
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < half; ++i) {
+        const double theta = P[t] * std::pow(static_cast<double>(base), -2.0 * i / n_rot);
+        const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
+        for (int h = 0; h < n_head; ++h) {
+          float* xh = X + (static_cast<size_t>(t) * n_head + h) * head_dim;
+          const int ia = style == RopePairs::kAdjacent ? 2 * i : i;
+          const int ib = style == RopePairs::kAdjacent ? 2 * i + 1 : i + half;
+          const float a = xh[ia], b = xh[ib];
+          xh[ia] = a * c - b * s;
+          xh[ib] = a * s + b * c;
+        }
+      }
+    }
+  }
+
+  void gated(GateAct act, const Buffer& g, const Buffer& u, int64_t n, Buffer& out) override {
+    need(g, sizeof(float) * n, "g");
+    need(u, sizeof(float) * n, "u");
+    need(out, sizeof(float) * n, "out");
+    const auto* G = reinterpret_cast<const float*>(host(g).data());
+    const auto* U = reinterpret_cast<const float*>(host(u).data());
+    auto* O = reinterpret_cast<float*>(host(out).data());
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;  // GELU tanh approximation constants
+    constexpr float kCubic = 0.044715f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = G[i];
+      O[i] = act == GateAct::kSilu ? v / (1.0f + std::exp(-v)) * U[i]
+                                   : 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * v * (1.0f + kCubic * v * v))) * U[i];
+    }
+  }
+
+  void attention(const AttentionShape& s, const Buffer& q, const Buffer& pool, const Buffer& blocks,
+                 Buffer& out) override {
+    check_attention_shape(s, pool, "cpu attention");
+    const int hd = s.head_dim, nb = (s.n_past + s.block_tokens - 1) / s.block_tokens;
+    const size_t krb = kv_row_bytes(s.k_format, hd), vrb = kv_row_bytes(s.v_format, hd);
+    need(q, sizeof(float) * s.T * s.n_head * hd, "q");
+    need(out, sizeof(float) * s.T * s.n_head * hd, "out");
+    need(blocks, sizeof(int32_t) * nb, "blocks");
+    const auto* Q = reinterpret_cast<const float*>(host(q).data());
+    const auto* B = reinterpret_cast<const int32_t*>(host(blocks).data());
+    auto* O = reinterpret_cast<float*>(host(out).data());
+    const uint8_t* P = host(pool).data();
+    check_block_table(B, nb, s, pool, "cpu attention");
+    const int group = s.n_head / s.n_head_kv;
+    auto row = [&](int pos, int hk, size_t part, size_t rb) {
+      return P + B[pos / s.block_tokens] * s.block_bytes + part +
+             (static_cast<size_t>(hk) * s.block_tokens + pos % s.block_tokens) * rb;
+    };
+    std::vector<float> kr(hd), vr(hd), sc(s.n_past);
+    for (int t = 0; t < s.T; ++t) {
+      const int visible = s.n_past - s.T + t + 1;
+      for (int h = 0; h < s.n_head; ++h) {
+        const int hk = h / group;
+        const float* qh = Q + (static_cast<size_t>(t) * s.n_head + h) * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j < visible; ++j) {
+          k_.kv_load_row(s.k_format, row(j, hk, s.k_offset, krb), kr.data(), hd);
+          sc[j] = k_.dot_f32(qh, kr.data(), hd) * s.scale;
+          mx = std::max(mx, sc[j]);
+        }
+        const float sum = k_.exp_sum(sc.data(), visible, mx);
+        float* oh = O + (static_cast<size_t>(t) * s.n_head + h) * hd;
+        std::fill(oh, oh + hd, 0.0f);
+        for (int j = 0; j < visible; ++j) {
+          k_.kv_load_row(s.v_format, row(j, hk, s.v_offset, vrb), vr.data(), hd);
+          k_.axpy_f32(sc[j] / sum, vr.data(), oh, hd);
+        }
+      }
+    }
+  }
+
+  void sync() override {}
+
+ private:
+  const Kernels& k_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace kvs

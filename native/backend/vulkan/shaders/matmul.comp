@@ -1,0 +1,99 @@
+// Y (T, rows) = W (rows, cols) @ X (T, cols)^T for one weight format, chosen at build time by
+// WTYPE (the GGUF type id: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0; CMakeLists.txt builds each).
+// One workgroup per (weight row, pass of up to ROWS_PER_PASS activation rows): the weight row is
+// decoded once per pass and dotted with every activation row of the pass (float path; the
+// integer-dot path for devices with shaderInt8 is still to come, docs/GPU.md).
+#version 450
+#extension GL_EXT_control_flow_attributes : enable
+
+#define THREADS 64
+#define ROWS_PER_PASS 8  // activation rows served per weight-row read (registers per thread)
+#define QK 32            // elements per block (ggml QK4_0 / QK4_1 / QK8_0)
+
+layout(local_size_x = THREADS) in;
+
+layout(std430, binding = 0) readonly buffer Weights { uint w[]; };  // raw GGUF row bytes, little-endian
+layout(std430, binding = 1) readonly buffer Acts { float x[]; };    // (T, cols)
+layout(std430, binding = 2) writeonly buffer Out { float y[]; };    // (T, rows)
+
+layout(push_constant) uniform Params {
+  uint rows;
+  uint cols;
+  uint T;
+  uint row_bytes;  // bytes of one weight row
+} p;
+
+shared float red[ROWS_PER_PASS][THREADS];
+
+uint byte_at(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xFFu; }
+// o even: halves never straddle a word.
+float half_at(uint o) { return unpackHalf2x16((w[o >> 2] >> ((o & 2u) * 8u)) & 0xFFFFu).x; }
+
+// Elements b*32 .. b*32+31 of the row at byte rbase (zeros past cols for the float formats).
+void decode(uint rbase, uint b, out float v[QK]) {
+  const uint e0 = b * QK;
+#if WTYPE == 0
+  [[unroll]] for (uint i = 0; i < QK; ++i) v[i] = e0 + i < p.cols ? uintBitsToFloat(w[(rbase >> 2) + e0 + i]) : 0.0;
+#elif WTYPE == 1
+  [[unroll]] for (uint i = 0; i < QK; ++i) v[i] = e0 + i < p.cols ? half_at(rbase + 2u * (e0 + i)) : 0.0;
+#elif WTYPE == 2
+  const uint blk = rbase + b * 18u;  // BlockQ4_0 {f16 d; u8 qs[16]}
+  const float d = half_at(blk);
+  [[unroll]] for (uint i = 0; i < QK / 2; ++i) {
+    const uint q = byte_at(blk + 2u + i);
+    v[i] = (float(q & 15u) - 8.0) * d;
+    v[i + QK / 2] = (float(q >> 4) - 8.0) * d;
+  }
+#elif WTYPE == 3
+  const uint blk = rbase + b * 20u;  // BlockQ4_1 {f16 d; f16 m; u8 qs[16]}
+  const float d = half_at(blk);
+  const float m = half_at(blk + 2u);
+  [[unroll]] for (uint i = 0; i < QK / 2; ++i) {
+    const uint q = byte_at(blk + 4u + i);
+    v[i] = float(q & 15u) * d + m;
+    v[i + QK / 2] = float(q >> 4) * d + m;
+  }
+#elif WTYPE == 8
+  const uint blk = rbase + b * 34u;  // BlockQ8_0 {f16 d; i8 qs[32]}
+  const float d = half_at(blk);
+  [[unroll]] for (uint i = 0; i < QK; ++i) v[i] = float(int(byte_at(blk + 2u + i) << 24) >> 24) * d;
+#else
+#error "WTYPE must be 0, 1, 2, 3 or 8"
+#endif
+}
+
+void main() {
+  const uint r = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
+  if (r >= p.rows) return;  // uniform over the workgroup
+  const uint t0 = gl_WorkGroupID.y * ROWS_PER_PASS;
+  const uint nt = min(uint(ROWS_PER_PASS), p.T - t0);
+  const uint lid = gl_LocalInvocationID.x;
+  const uint rbase = r * p.row_bytes;
+  const uint nblk = (p.cols + QK - 1) / QK;
+
+  float acc[ROWS_PER_PASS];
+  [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = 0.0;
+  for (uint b = lid; b < nblk; b += THREADS) {
+    float v[QK];
+    decode(rbase, b, v);
+    const uint e0 = b * QK;
+    const uint ne = min(uint(QK), p.cols - e0);
+    for (uint t = 0; t < nt; ++t) {
+      const uint xo = (t0 + t) * p.cols + e0;
+      float s = 0.0;
+      for (uint i = 0; i < ne; ++i) s += v[i] * x[xo + i];
+      acc[t] += s;
+    }
+  }
+  [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) red[t][lid] = acc[t];
+  barrier();
+  [[unroll]] for (uint s = THREADS / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) red[t][lid] += red[t][lid + s];
+    }
+    barrier();
+  }
+  if (lid == 0) {
+    for (uint t = 0; t < nt; ++t) y[(t0 + t) * p.rows + r] = red[t][0];
+  }
+}

@@ -1,0 +1,15 @@
+// The Vulkan backend (built only with KVS_HAVE_VULKAN): see backend.h for the op contracts.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "../backend.h"
+
+namespace kvs {
+
+// Device `index` among vulkan_devices(); throws std::invalid_argument for an index out of range.
+std::unique_ptr<Backend> make_vulkan_backend(int index);
+std::vector<VulkanDeviceInfo> vulkan_devices_impl();
+
+}  // namespace kvs

@@ -1,0 +1,129 @@
+"""What compute devices this host offers: the CPU, and every Vulkan device the native module sees.
+
+The typed face of `_native.has_vulkan()` / `_native.vulkan_devices()` (native/backend/); `swarm devices`
+renders it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from worker import _native
+
+# What to install when the module was built without the Vulkan backend.
+VULKAN_BUILD_FIX = (
+    "apt-get install libvulkan-dev glslc mesa-vulkan-drivers (or `make vulkan-tools` as root), then `make build`"
+)
+
+
+@dataclass(frozen=True)
+class CpuDevice:
+    model: str  # /proc/cpuinfo "model name", else the machine type
+    cpus: int
+    isa_levels: tuple[str, ...]  # kernel levels this CPU runs, best last
+    memory_available_bytes: int  # MemAvailable (the CPU backend's memory is host RAM)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["isa_levels"] = list(self.isa_levels)
+        return d
+
+
+@dataclass(frozen=True)
+class VulkanDevice:
+    index: int
+    name: str
+    type: str  # discrete, integrated, virtual, cpu, other
+    vendor: str
+    vendor_id: int
+    device_id: int
+    driver_name: str
+    driver_info: str
+    driver_version: str
+    api_version: str
+    device_local_bytes: int  # largest device-local heap
+    device_local_budget: int  # its VK_EXT_memory_budget budget, 0 when the extension is absent
+    memory_budget_ext: bool
+    subgroup_size: int
+    shader_int8: bool
+    shader_float16: bool
+    integer_dot_product: bool
+    integer_dot_4x8_accelerated: bool
+    max_workgroup_size: int
+    max_storage_buffer_range: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Devices:
+    cpu: CpuDevice
+    vulkan_built: bool  # the module has the Vulkan backend
+    vulkan: tuple[VulkanDevice, ...]
+    vulkan_problem: str | None  # why there are no Vulkan devices (not built, no loader, no driver)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpu": self.cpu.to_dict(),
+            "vulkan": {
+                "built": self.vulkan_built,
+                "devices": [d.to_dict() for d in self.vulkan],
+                "problem": self.vulkan_problem,
+            },
+        }
+
+
+def has_vulkan() -> bool:
+    """True when this build of the native module has the Vulkan backend."""
+    return bool(_native.has_vulkan())
+
+
+def vulkan_devices() -> list[VulkanDevice]:
+    """Every Vulkan device; RuntimeError naming what to install when Vulkan is not built or has no loader."""
+    return [VulkanDevice(**d) for d in _native.vulkan_devices()]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def _memory_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def list_devices() -> Devices:
+    cpu = CpuDevice(
+        model=_cpu_model(),
+        cpus=os.cpu_count() or 1,
+        isa_levels=tuple(_native.isa_levels()),
+        memory_available_bytes=_memory_available(),
+    )
+    built = has_vulkan()
+    if not built:
+        problem = f"Vulkan support was not built into this module. To fix: {VULKAN_BUILD_FIX}"
+        return Devices(cpu=cpu, vulkan_built=False, vulkan=(), vulkan_problem=problem)
+    try:
+        found = tuple(vulkan_devices())
+    except RuntimeError as e:
+        return Devices(cpu=cpu, vulkan_built=True, vulkan=(), vulkan_problem=str(e))
+    if not found:
+        no_device = "the Vulkan loader found no device (install a Vulkan driver, e.g. mesa-vulkan-drivers)"
+        return Devices(cpu=cpu, vulkan_built=True, vulkan=(), vulkan_problem=no_device)
+    return Devices(cpu=cpu, vulkan_built=True, vulkan=found, vulkan_problem=None)
