@@ -73,7 +73,7 @@ vulkan-tools:
 	  else echo "note: the Vulkan backend and its tests will be skipped (apt-get install libvulkan-dev mesa-vulkan-drivers glslc)"; fi; \
 	fi
 
-NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/tests/*.cpp
+NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/tests/*.cpp native/backend/*.cpp native/backend/*.h native/backend/vulkan/*.cpp native/backend/vulkan/*.h
 
 test: vulkan-tools build arm-tools browser clang-format-tool
 	$(VENV)/bin/ruff check swarm worker tests bench

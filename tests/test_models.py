@@ -8,32 +8,36 @@ generates N_GEN tokens one at a time, keeping the logits of every step. Our engi
 the production path: float_activations off, f32 KV so only the weights' arithmetic differs) must:
 
 1. test_logits_match: teacher-forced along llama.cpp's stream, give logits within TOLERANCE[format]
-   of llama.cpp's (max |difference| over all steps and the whole vocabulary, in units of the
-   standard deviation of llama.cpp's logits at that step, so one table serves files whose logits differ
-   in scale);
-2. test_teacher_forced_argmax: at every step where llama.cpp's top-1 minus top-2 margin is >= MARGIN,
+   of llama.cpp's at every step (`logit_spread`: the RMS over the vocabulary of the difference less its
+   mean, in units of the std of llama.cpp's logits at that step, so one number serves files whose
+   logits differ in scale; a mixture of experts may exceed it at ROUTER_FLIP_SHARE of its steps);
+2. test_teacher_forced_argmax: at every step where llama.cpp's top-1 minus top-2 margin is clear
+   (`clear_margin`: >= MARGIN = 0.25, or 3 std of the measured noise in a logit gap where that is more),
    have the same argmax;
-3. test_greedy_ids: generating freely, produce llama.cpp's ids up to the first step whose margin is
-   below MARGIN (after a near-tie either continuation is right, and the streams may part).
+3. test_greedy_ids: generating freely, produce llama.cpp's ids up to the first step that is not clear
+   (after a near-tie either continuation is right, and the streams may part).
 
-Tolerances (max |ours - llama.cpp| / std(llama.cpp's logits at that step)). Both engines multiply
-quantized weights against 8-bit-quantized activations (Q8_0 blocks of 32 for the 32-blocks formats,
-Q8_K blocks of 256 for the K-quants) and differ in summation order, in how and where activations are
-rounded (llama.cpp quantizes activations for every product; attention and norm arithmetic differ
-in float32 order), and in exp/tanh approximations. The spread is what that leaves, measured on this
-machine with `python tests/test_models.py` (which prints, per file, the worst ratio over the prompts):
+Why the noise term in clear_margin: on the 30-layer default model both engines' logits carry rounding
+noise of 5-10% of their std (llama.cpp rounds every matrix product's activations to 8 bits; we round
+too, differently), i.e. 0.2-0.3 logits per entry, so a gap of 0.25 is a coin toss. Measured: on
+smollm2-135m-Q4_K_M, prompt 1, step 7, llama.cpp's margin is 0.99 for token 32 while our engine picks
+472; tests/refmodel.py's float64 forward pass on the same file also picks 472 (by 0.18): llama.cpp was
+the one 1.2 logits off, and our engine was nearer the float64 logits overall (RMS 0.065 std vs 0.089).
 
-    format            measured (worst file)    tolerance   reasoning
-    F32               SEE_F32                  0.01        float32 arithmetic only: summation order
-    Q8_0              SEE_Q8                   0.05        + 8-bit activations, same 32-blocks
-    Q4_1 (default)    SEE_Q41                  0.10        4-bit weights: activation rounding matters more
-    K-quants / IQ     SEE_K                    0.10        Q8_K activations on 256-blocks, as llama.cpp
-    Q5_0              SEE_Q50                  0.10        as Q4_1
+Tolerances. Both engines multiply quantized weights by activations rounded to 8 bits (Q8_0 / Q8_K
+blocks), in a different summation order, rounding different intermediate values (attention, norms),
+with different exp/tanh approximations; the spread is what that leaves. Measured on this machine with
+`python tests/test_models.py` (it prints each file's worst step over the three prompts), load ~10:
 
-The tolerance is about 2x the worst spread measured, so it catches any real error (a wrong scale, a
-missing bias or norm, a wrong RoPE or window gives differences of the order of the logits' std, 1.0)
-without failing on arithmetic noise. The greedy checks carry the rest of the weight: they hold at
-every clear step whatever the logits' spread.
+    format    measured worst step (file)                         tolerance  reasoning
+    F32       0 (five tiny archs), 0.00057 (tiny-gemma3: tanh)   0.002      float32 order only
+    Q8_0      0.017-0.036 (tiny; worst tiny-qwen3moe)            0.07       + 8-bit activations
+    Q4_1      0.085 (the default model, 30 layers)               0.17       deeper model, 4-bit weights
+    Q4_K_M    0.021-0.038 tiny, 0.074 gemma3-270m, 0.087 smollm2 0.18       Q8_K activations, 30 layers
+REQUANT_ROWS
+Each tolerance is about twice the worst step measured for the format: it fails any real error (a wrong
+scale, a missing bias or norm, a wrong RoPE or window moves the logits by the order of their std, 1.0)
+and not arithmetic noise.
 
 Goldens (tests/goldens/models_<name>.json, written by tests/goldens/make_model_goldens.py with llama.cpp
 only) record llama.cpp's greedy ids, margins and a digest of its logits for the real files: Gemma 3

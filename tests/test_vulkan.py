@@ -47,7 +47,7 @@ def _pick_device() -> tuple[int | None, str]:
     try:
         devices: list[dict[str, Any]] = _native.vulkan_devices()
     except RuntimeError as e:
-        return None, f"no Vulkan loader: {e}"
+        return None, f"Vulkan unavailable: {e}"
     if not devices:
         return None, "the Vulkan loader found no device (apt-get install mesa-vulkan-drivers for lavapipe)"
     if "KVSWARM_VULKAN_DEVICE" in os.environ:

@@ -118,7 +118,14 @@ const Instance& instance() {
       app.apiVersion = inst.api_version;
       VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
       ci.pApplicationInfo = &app;
-      check(inst.api.vkCreateInstance(&ci, nullptr, &inst.handle), "vkCreateInstance");
+      const VkResult made = inst.api.vkCreateInstance(&ci, nullptr, &inst.handle);
+      if (made == VK_ERROR_INCOMPATIBLE_DRIVER) {
+        throw std::runtime_error(
+            "vkCreateInstance failed: VK_ERROR_INCOMPATIBLE_DRIVER: the Vulkan loader found no driver. To fix: "
+            "apt-get install mesa-vulkan-drivers (lavapipe, a CPU Vulkan) or the GPU vendor's Vulkan driver; "
+            "VK_DRIVER_FILES may point at its ICD json");
+      }
+      check(made, "vkCreateInstance");
       vk::load_instance(inst.api, inst.handle);
       uint32_t n = 0;
       check(inst.api.vkEnumeratePhysicalDevices(inst.handle, &n, nullptr), "vkEnumeratePhysicalDevices");
