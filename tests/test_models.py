@@ -1,8 +1,9 @@
 """End to end, every supported model file against llama.cpp (llama-cpp-python) on the same file and ids.
 
 Files: the tiny random models of every architecture (tests/tinymodels.py: llama, llama3, qwen2, qwen3,
-qwen3moe, gemma3; each as F32, Q8_0 and llama.cpp's Q4_K_M), the real Gemma 3 270M Q4_K_M, the default
-model (SmolLM2-135M Q4_1) and its re-quantizations (tests/model_files.py). For each file and prompt,
+qwen3moe, gemma3; each as F32, Q8_0 and llama.cpp's Q4_K_M), the real Gemma 3 270M Q4_K_M and the
+default model's (SmolLM2-135M Q4_1's) re-quantizations (tests/model_files.py; the Q4_1 file itself is
+tests/test_golden.py's). For each file and prompt,
 llama.cpp (f32 KV cache, no flash attention) evaluates the prompt in one batch and then greedily
 generates N_GEN tokens one at a time, keeping the logits of every step. Our engine (worker.engine.Engine,
 the production path: float_activations off, f32 KV so only the weights' arithmetic differs) must:
@@ -32,7 +33,7 @@ with different exp/tanh approximations; the spread is what that leaves. Measured
     format    measured worst step (file)                         tolerance  reasoning
     F32       0 (five tiny archs), 0.00057 (tiny-gemma3: tanh)   0.002      float32 order only
     Q8_0      0.017-0.036 (tiny; worst tiny-qwen3moe)            0.07       + 8-bit activations
-    Q4_1      0.085 (the default model, 30 layers)               0.17       deeper model, 4-bit weights
+    (Q4_1     0.085 (the default model itself; not a case here: tests/test_golden.py))
     Q4_K_M    0.021-0.038 tiny, 0.074 gemma3-270m, 0.087 smollm2 0.18       Q8_K activations, 30 layers
 REQUANT_ROWS
 Each tolerance is about twice the worst step measured for the format: it fails any real error (a wrong
@@ -80,18 +81,17 @@ N_GEN = 24  # greedy tokens per prompt
 ROUTER_FLIP_SHARE = 0.1
 GOLDENS = Path(__file__).parent / "goldens"
 
-# {format: max |ours - llama.cpp| / std(llama.cpp logits) over a file's steps} (see the table above)
+# {format: most RMS(ours - llama.cpp, centered) / std(llama.cpp's logits) at any step} (the table above)
 TOLERANCE: dict[str, float] = {
-    "F32": 0.01,
-    "Q8_0": 0.05,
-    "Q4_1": 0.10,
-    "Q5_0": 0.10,
-    "Q4_K_M": 0.10,
-    "Q5_K_M": 0.10,
-    "Q6_K": 0.10,
-    "Q3_K_M": 0.10,
-    "Q2_K": 0.10,
-    "IQ4_XS": 0.10,
+    "F32": 0.002,
+    "Q8_0": 0.07,
+    "Q4_K_M": 0.18,
+    "Q5_K_M": 0.23,
+    "Q6_K": 0.25,
+    "Q3_K_M": 0.25,
+    "Q2_K": 0.25,
+    "IQ4_XS": 0.25,
+    "Q5_0": 0.25,
 }
 
 # Prompts: short, one long enough (with the generated tokens) to pass the tiny Gemma's 32-token window.
@@ -130,7 +130,6 @@ def _requant(fmt: str) -> ModelCase:
 CASES: list[ModelCase] = [
     *(_tiny(family, fmt) for family in tinymodels.TINY_SPECS for fmt in ("F32", "Q8_0", "Q4_K_M")),
     ModelCase("gemma3-270m-Q4_K_M", "Q4_K_M", model_files.gemma3_270m, golden="gemma3_270m_q4_k_m"),
-    ModelCase("smollm2-135m-Q4_1", "Q4_1", tinymodels.default_model_file, golden=""),
     *(_requant(fmt) for fmt in model_files.REQUANT_TYPES),
 ]
 
