@@ -30,7 +30,8 @@ class _TokenizerView:
         self.eos_token_id = eos
         self.bos_token_id = tok.bos_id
         self.tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
-        self.special_token_ids = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+        # Control tokens are never grammar text; user-defined ones (Gemma's "\n" and whitespace runs) are.
+        self.special_token_ids = [i for i in range(tok.vocab_size) if tok.is_hidden(i)]
 
     def __call__(self, text: bytes) -> list[int]:
         return self._tok.encode(text.decode("utf-8", errors="replace"), add_bos=False)

@@ -67,7 +67,7 @@ class AdmissionMixin:
                     raise ResourceExhausted(f"agent {a.name} already has {len(a.jobs)} jobs waiting (the limit); "
                                             "wait for some to finish or send to another agent")  # fmt: skip
                 n = max_tokens or a.group.max_new_tokens
-                new = self.tok.encode(self.tok.render_chat(a.messages + messages, add_generation_prompt=True))
+                new = self.tok.encode_chat(a.messages + messages, add_generation_prompt=True)
                 if len(new) + n > self.inputs.geometry.n_ctx:
                     room = self.inputs.geometry.n_ctx - len(new)
                     raise ResourceExhausted(
@@ -97,7 +97,7 @@ class AdmissionMixin:
 
     def _new_oneoff(self, messages: list[dict[str, str]], max_tokens: int) -> Agent:
         k = self._oneoffs
-        prompt = self.tok.encode(self.tok.render_chat(messages, add_generation_prompt=True))
+        prompt = self.tok.encode_chat(messages, add_generation_prompt=True)
         bt = self.cfg.engine.block_tokens
         need = len(prompt) + max_tokens
         if need > self.inputs.geometry.n_ctx:

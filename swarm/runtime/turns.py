@@ -71,7 +71,7 @@ class TurnsMixin:
             have = self.tok.decode(a.history)
             if text.startswith(have) and len(text) > len(have):
                 return self.tok.encode(text[len(have) :], add_bos=False), False
-        return self.tok.encode(text), True
+        return self.tok.encode_chat(a.messages + new, add_generation_prompt=True), True
 
     def _start_turn(self, a: Agent) -> bool:
         req = self._next_request(a)
