@@ -204,8 +204,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from swarm import auth, scheduler
     from swarm.config import load_config
-    from swarm.planning import available_memory
     from swarm.server import serve
+    from worker.host import available_memory
 
     cfg_data = yaml.safe_load(Path(args.config).read_text()) if args.config else None
     cfg = load_config(args.config) if args.config else None

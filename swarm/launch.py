@@ -26,10 +26,11 @@ from typing import Any
 
 from swarm import scheduler
 from swarm.config import SwarmConfig
-from swarm.planning import available_memory, plan_inputs
+from swarm.planning import plan_inputs
 from swarm.runtime.agents import Agent, Turn, TurnRequest, check_launchable, rebuild_history
 from swarm.runtime.loop import SwarmRun
 from swarm.runtime.report import summary_table
+from worker.host import available_memory
 
 __all__ = ["Agent", "SwarmRun", "Turn", "TurnRequest", "check_launchable", "launch", "rebuild_history", "summary_table"]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from swarm.config import SwarmConfig
 from swarm.devices import load_catalog
 from swarm.errors import ConfigError
 from swarm.gguf_header import read_geometry
+from worker.host import available_memory
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,6 @@ class PlanInputs:
     settings: planner.EngineSettings
     quality: dict[str, planner.Quality]
     model_path: Path | None
-
-
-def available_memory() -> int:
-    """MemAvailable of this host (bytes), or total memory where /proc is missing."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def model_geometry(cfg: SwarmConfig) -> tuple[planner.ModelGeometry, Path | None]:

@@ -48,6 +48,7 @@ from worker.calibrate_stats import MIN_R2 as MIN_R2  # re-exported: tests read t
 from worker.calibrate_stats import pooled_r2 as _r2
 from worker.engine import Engine, read_gguf
 from worker.formats import KV_FORMATS, all_pairs, kv_row_bytes, pair_name
+from worker.host import available_memory
 from worker.models import attention_layout, resolve_model
 from worker.sampling import Sampling
 from worker.settings import DEFAULT_ENGINE
@@ -180,7 +181,7 @@ def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) 
     (on a big host: one group, every format interleaved with every other). A sliding layer holds
     at most its window plus one step's tokens."""
     layout = kv_layout(model)
-    budget = _MEMORY_SHARE * _available_memory()
+    budget = _MEMORY_SHARE * available_memory()
     groups: list[list[tuple[str, str]]] = [[]]
     used = 0
     for k, v in pairs:
@@ -196,16 +197,6 @@ def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) 
         groups[-1].append((k, v))
         used += need
     return groups
-
-
-def _available_memory() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def measure_attention(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import _native
+from worker.host import available_memory
 
 # What to install when the module was built without the Vulkan backend.
 VULKAN_BUILD_FIX = (
@@ -98,22 +99,12 @@ def _cpu_model() -> str:
     return platform.machine()
 
 
-def _memory_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def list_devices() -> Devices:
     cpu = CpuDevice(
         model=_cpu_model(),
         cpus=os.cpu_count() or 1,
         isa_levels=tuple(_native.isa_levels()),
-        memory_available_bytes=_memory_available(),
+        memory_available_bytes=available_memory(),
     )
     built = has_vulkan()
     if not built:

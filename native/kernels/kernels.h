@@ -40,7 +40,8 @@ struct Kernels {
 
   // x (n,) -> out (n/32,) blocks; n a multiple of 32.
   void (*quantize_act)(const float* x, BlockQ8A* out, int64_t n);
-  // One Q4_0 / Q4_1 / Q8_0 weight row (n,) . quantized activations (n/32 blocks) -> scalar.
+  // One block-quantized weight row (n,) . quantized activations (n/32 blocks) -> scalar, for every
+  // type_is_quantized() type. A 256-element super-block (K-quants, IQ4_XS) spans 8 activation blocks.
   float (*dot_q)(GgmlType type, const void* w, const BlockQ8A* a, int64_t n);
   // One weight row against T activation rows: out[t * out_stride] = w . a_t, where
   // a_t = a + t * a_stride blocks. Each weight block is decoded once for all T rows.
