@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -332,8 +333,16 @@ Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) 
 
 namespace {
 
+// The matmul asks this for every weight row, so it reads a table built once from
+// type_is_quantized (whose lookup in the type list is too slow for a hot loop).
 bool is_quantized_type(GgmlType t) {
-  return type_is_quantized(t);
+  static const std::array<bool, 64> quantized = [] {
+    std::array<bool, 64> q{};
+    for (uint32_t i = 0; i < q.size(); ++i) q[i] = type_is_quantized(static_cast<GgmlType>(i));
+    return q;
+  }();
+  const auto i = static_cast<uint32_t>(t);
+  return i < quantized.size() && quantized[i];
 }
 
 // out_t (T, rows) = x (T, cols) @ W^T for each target; all targets share x and cols.
