@@ -188,17 +188,21 @@ def create_app(hub: Hub, gate: Gate, limits: Limits) -> FastAPI:
             raise NotFound(f"no model {model!r} (GET /v1/models lists them)")
         return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvswarm"}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
+    async def create(request: Request, parse: Any, kind: str, whole: Any, stream: Any) -> Any:
+        """Checks, admits and submits one request of `kind`; answers it whole or as a stream."""
         who = gate.identify(request, "submit")
-        spec = schemas.chat_request(await _body(request), limits)
+        spec = parse(await _body(request), limits)
         release = gate.admit(who, spec.stream)
         try:
-            job = await _run(lambda: sessions.submit(hub, spec, "chat"))
+            job = await _run(lambda: sessions.submit(hub, spec, kind))
         except BaseException:
             release()
             raise
-        return await _run(lambda: _answer(job, spec.stream, release, views.chat_completion, views.chat_chunks))
+        return await _run(lambda: _answer(job, spec.stream, release, whole, stream))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await create(request, schemas.chat_request, "chat", views.chat_completion, views.chat_chunks)
 
     @app.get("/v1/chat/completions/{completion_id}")
     async def get_chat_completion(completion_id: str, request: Request) -> Any:
@@ -211,15 +215,7 @@ def create_app(hub: Hub, gate: Gate, limits: Limits) -> FastAPI:
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Any:
-        who = gate.identify(request, "submit")
-        spec = schemas.responses_request(await _body(request), limits)
-        release = gate.admit(who, spec.stream)
-        try:
-            job = await _run(lambda: sessions.submit(hub, spec, "response"))
-        except BaseException:
-            release()
-            raise
-        return await _run(lambda: _answer(job, spec.stream, release, views.response, views.response_events))
+        return await create(request, schemas.responses_request, "response", views.response, views.response_events)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Any:
