@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -111,6 +112,7 @@ py::dict device_dict(const VulkanDeviceInfo& i) {
   d["device_local_budget"] = i.device_local_budget;
   d["memory_budget_ext"] = i.memory_budget_ext;
   d["subgroup_size"] = i.subgroup_size;
+  d["subgroup_arithmetic"] = i.subgroup_arithmetic;
   d["shader_int8"] = i.shader_int8;
   d["shader_float16"] = i.shader_float16;
   d["integer_dot_product"] = i.integer_dot_product;
@@ -165,6 +167,33 @@ void bind_backend(py::module_& m) {
       },
       py::arg("backend"), py::arg("device"), py::arg("type"), py::arg("raw"), py::arg("rows"), py::arg("cols"),
       py::arg("x"));
+  // Copy bandwidth of one backend's memory (h5: bench/gpu.py, a GPU calibration's read_bytes_per_s): bytes read
+  // plus bytes written per second by the fastest of `repeats` copies of `bytes` between two of its buffers,
+  // after one untimed copy (first touch).
+  m.def(
+      "_backend_copy_bandwidth",
+      [](const std::string& backend, int device, size_t bytes, int repeats) {
+        if (bytes == 0 || repeats < 1) {
+          throw std::invalid_argument("_backend_copy_bandwidth: bytes and repeats must be positive, got " +
+                                      std::to_string(bytes) + " and " + std::to_string(repeats));
+        }
+        Backend& be = cached_backend(backend, device);
+        py::gil_scoped_release release;
+        auto src = be.alloc(bytes);
+        auto dst = be.alloc(bytes);
+        be.copy(*src, 0, *dst, 0, bytes);
+        be.sync();
+        double best_s = 0.0;
+        for (int r = 0; r < repeats; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          be.copy(*src, 0, *dst, 0, bytes);
+          be.sync();
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (r == 0 || s < best_s) best_s = s;
+        }
+        return best_s > 0.0 ? 2.0 * static_cast<double>(bytes) / best_s : 0.0;
+      },
+      py::arg("backend"), py::arg("device"), py::arg("bytes"), py::arg("repeats") = 5);
   // x (T, n), w (n,) -> (T, n)
   m.def(
       "_backend_rms_norm",
@@ -297,7 +326,8 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
                        size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
-                       const std::string& isa, bool float_activations, bool prefix_sharing) {
+                       const std::string& isa, bool float_activations, bool prefix_sharing,
+                       const std::string& backend, int device) {
              EngineOptions o;
              o.model_path = model;
              o.kv_k = kv_k;
@@ -309,14 +339,17 @@ PYBIND11_MODULE(_native, m) {
              o.isa = isa;
              o.float_activations = float_activations;
              o.prefix_sharing = prefix_sharing;
+             o.backend = backend;
+             o.device = device;
              py::gil_scoped_release release;
              return std::make_unique<Engine>(o);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_k") = "f16", py::arg("kv_v") = "f16",
            py::arg("kv_budget_bytes") = 0, py::arg("threads") = 2, py::arg("block_tokens") = 16,
            py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false,
-           py::arg("prefix_sharing") = true)
+           py::arg("prefix_sharing") = true, py::arg("backend") = "cpu", py::arg("device") = 0)
       .def_property_readonly("isa", &Engine::isa)
+      .def_property_readonly("backend", &Engine::backend_name)
       .def_property_readonly("config",
                              [](const Engine& e) {
                                const ModelConfig& c = e.config();
@@ -366,6 +399,51 @@ PYBIND11_MODULE(_native, m) {
           py::arg("id"), py::arg("tokens"))
       .def("fill_kv", &Engine::fill_kv, py::arg("id"), py::arg("n"), py::arg("seed") = 0,
            py::call_guard<py::gil_scoped_release>())
+      // KV snapshots (issue 18; native/kv_transfer.h).
+      .def(
+          "export_kv",
+          [](const Engine& e, int id) {
+            std::string blob;
+            {
+              py::gil_scoped_release release;
+              blob = e.export_kv(id);
+            }
+            return py::bytes(blob);
+          },
+          py::arg("id"))
+      .def("kv_export_bytes", &Engine::kv_export_bytes, py::arg("id"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "import_kv",
+          [](Engine& e, const py::buffer& blob, const SamplingParams& sp, bool generate) {
+            const py::buffer_info view = blob.request();
+            if (view.ndim != 1 || view.strides[0] != view.itemsize) {
+              throw std::invalid_argument("import_kv: the blob must be contiguous bytes (Engine.export_kv's result)");
+            }
+            const auto* data = static_cast<const uint8_t*>(view.ptr);
+            const size_t n = static_cast<size_t>(view.size) * static_cast<size_t>(view.itemsize);
+            py::gil_scoped_release release;  // the buffer stays exported (and alive) until view is destroyed
+            return e.import_kv(data, n, sp, generate);
+          },
+          py::arg("blob"), py::arg("sampling"), py::arg("generate") = false)
+      .def("set_timers", &Engine::set_timers, py::arg("on"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "timers",
+          [](Engine& e, bool reset) {
+            const StepTimers t = e.timers(reset);
+            py::dict d;
+            d["on"] = t.on;
+            d["steps"] = t.steps;
+            d["tokens"] = t.tokens;
+            d["total_s"] = t.total_s;
+            d["weights_s"] = t.weights_s;
+            d["attention_s"] = t.attention_s;
+            d["other_s"] = t.total_s - t.weights_s - t.attention_s;
+            d["weight_bytes"] = t.weight_bytes;
+            d["kv_bytes"] = t.kv_bytes;
+            return d;
+          },
+          py::arg("reset") = true)
+      .def("reset_timers", &Engine::reset_timers, py::call_guard<py::gil_scoped_release>())
       .def(
           "info", [](const Engine& e, int id) { return info_dict(e.info(id)); }, py::arg("id"))
       .def("sequence_ids", &Engine::sequence_ids)

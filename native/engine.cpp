@@ -1,5 +1,9 @@
 #include "engine.h"
 
+#include "backend/backend.h"
+#include "device_forward.h"
+#include "kv_transfer.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -24,7 +28,7 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   g.v_format = kv_format_from_string(opt.kv_v);
   g.block_tokens = opt.block_tokens;
   if (c.n_layer_swa == 0) {
-    kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes);
+    kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes, opt.backend == "cpu");
   } else {
     // Two block classes over one budget: global layers keep every position, sliding
     // layers only the window. Prefix sharing is off: sliding blocks leave the window.
@@ -33,8 +37,8 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
     KvGeometry gs = g;
     gs.n_layer = c.n_layer_swa;
     g.n_layer = c.n_layer - c.n_layer_swa;
-    kv_ = std::make_unique<KvPool>(g, budget);
-    swa_kv_ = std::make_unique<KvPool>(gs, budget);
+    kv_ = std::make_unique<KvPool>(g, budget, opt.backend == "cpu");
+    swa_kv_ = std::make_unique<KvPool>(gs, budget, opt.backend == "cpu");
     const size_t one_each = kv_->block_bytes() + swa_kv_->block_bytes();
     if (budget->bytes != 0 && budget->bytes < one_each) {
       throw KvBudgetError("KV budget of " + std::to_string(budget->bytes) +
@@ -45,10 +49,29 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
     opt_.prefix_sharing = false;
   }
   pool_ = std::make_unique<ThreadPool>(opt.threads);
+  if (opt.backend == "vulkan" || opt.backend == "cpu-ops") {
+    backend_ = opt.backend == "vulkan" ? make_backend("vulkan", opt.device) : make_backend("cpu", opt.device);
+    device_ = std::make_unique<DeviceForward>(*model_, *backend_, *kern_);
+  } else if (opt.backend != "cpu") {
+    throw std::invalid_argument("unknown backend '" + opt.backend + "' (expected cpu, vulkan or cpu-ops)");
+  }
   ws_.float_activations = opt.float_activations;
 }
 
 Engine::~Engine() = default;
+
+void Engine::run_forward(const std::vector<BatchItem>& items) {
+  if (device_) {
+    device_->forward(items, *kv_, swa_kv_.get(), logits_);
+  } else {
+    model_->forward(items, *kv_, swa_kv_.get(), *pool_, *kern_, ws_, logits_);
+  }
+}
+
+std::string Engine::backend_name() const {
+  if (!backend_) return "cpu";
+  return opt_.backend == "cpu-ops" ? "cpu-ops" : backend_->name();
+}
 
 Engine::Sequence& Engine::get(int id) {
   auto it = seqs_.find(id);
@@ -136,7 +159,7 @@ void Engine::share_prefix(Sequence& s, int limit) {
 }
 
 void Engine::publish_blocks(Sequence& s) {
-  if (!opt_.prefix_sharing || s.synthetic) return;
+  if (!opt_.prefix_sharing || s.synthetic || s.converted) return;
   const int bt = kv_->geometry().block_tokens;
   for (; s.published < s.n_past / bt; ++s.published) {
     const int i = s.published;
@@ -279,6 +302,8 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
   }
   std::vector<std::pair<int, int32_t>> out;
   if (plan.empty()) return out;
+  ScopeTimer step_timer(ws_.timers.on ? &ws_.timers.total_s : nullptr);  // forward and sampling
+  if (ws_.timers.on) ++ws_.timers.steps;
 
   std::vector<BatchItem> items;
   items.reserve(plan.size());
@@ -292,7 +317,7 @@ std::vector<std::pair<int, int32_t>> Engine::step() {
     it.logits_from = p.sample ? p.take - 1 : p.take;
     items.push_back(it);
   }
-  model_->forward(items, *kv_, swa_kv_.get(), *pool_, *kern_, ws_, logits_);
+  run_forward(items);
 
   const int nv = model_->config().n_vocab;
   int r = 0;
@@ -352,6 +377,8 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
       throw KvBudgetError("KV budget exhausted while scoring sequence " + std::to_string(id) + " at position " +
                           std::to_string(s.n_past) + "; free sequences or raise kv_budget_bytes");
     }
+    ScopeTimer chunk_timer(ws_.timers.on ? &ws_.timers.total_s : nullptr);
+    if (ws_.timers.on) ++ws_.timers.steps;
     BatchItem it;
     it.tokens = s.tokens.data() + s.n_past;
     it.n = take;
@@ -359,7 +386,7 @@ std::vector<float> Engine::score(int id, const std::vector<int32_t>& tokens) {
     it.blocks = &s.blocks;
     it.swa_blocks = &s.swa_blocks;
     it.logits_from = 0;
-    model_->forward({it}, *kv_, swa_kv_.get(), *pool_, *kern_, ws_, logits_);
+    run_forward({it});
     all.insert(all.end(), logits_.begin(), logits_.begin() + static_cast<size_t>(take) * nv);
     s.n_past += take;
     trim_window(s);
@@ -407,12 +434,17 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
       const int kl = c.layer_kv_index[l];
       for (int h = 0; h < c.n_head_kv; ++h) {
         for (float& x : row) x = normal();
-        kv_store_row(g.k_format, row.data(), pool.k_row(block, kl, slot, h), c.head_dim);
+        // A device pool's rows are written into host copies of its blocks (uploaded below).
+        uint8_t* host = device_ ? device_->host_block(pool, swa, block) : nullptr;
+        uint8_t* k_dst = host ? host + pool.k_row_offset(kl, slot, h) : pool.k_row(block, kl, slot, h);
+        kv_store_row(g.k_format, row.data(), k_dst, c.head_dim);
         for (float& x : row) x = normal();
-        kv_store_row(g.v_format, row.data(), pool.v_row(block, kl, slot, h), c.head_dim);
+        uint8_t* v_dst = host ? host + pool.v_row_offset(kl, slot, h) : pool.v_row(block, kl, slot, h);
+        kv_store_row(g.v_format, row.data(), v_dst, c.head_dim);
       }
     }
   }
+  if (device_) device_->flush_blocks();
   s.tokens.insert(s.tokens.end(), n, 0);
   s.n_past += n;
   trim_window(s);
@@ -592,6 +624,110 @@ MemoryStats Engine::memory() const {
   m.scratch_bytes = scratch;
   m.sequences = static_cast<int>(seqs_.size());
   return m;
+}
+
+void Engine::set_timers(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ws_.timers.on = on;
+}
+
+StepTimers Engine::timers(bool reset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const StepTimers t = ws_.timers;
+  if (reset) ws_.timers.reset();
+  return t;
+}
+
+void Engine::reset_timers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ws_.timers.reset();
+}
+
+// ---- KV snapshots (issue 18; kv_transfer.h) ----
+
+KvSnapshotSource Engine::snapshot_of(const Sequence& s) const {
+  if (s.synthetic) {
+    throw std::invalid_argument("export_kv: sequence " + std::to_string(s.id) +
+                                " holds fill_kv's synthetic positions, whose KV does not match its tokens; "
+                                "only sequences built from real tokens can be exported");
+  }
+  KvSnapshotSource src;
+  src.config = &model_->config();
+  src.kv = kv_.get();
+  src.swa_kv = swa_kv_.get();
+  src.tokens = &s.tokens;
+  src.n_past = s.n_past;
+  src.blocks = &s.blocks;
+  src.swa_blocks = &s.swa_blocks;
+  src.lazy_tail = s.lazy_tail;
+  return src;
+}
+
+std::string Engine::export_kv(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return write_kv_snapshot(snapshot_of(get(id)));
+}
+
+size_t Engine::kv_export_bytes(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_snapshot_bytes(snapshot_of(get(id)));
+}
+
+int Engine::import_kv(const std::string& blob, const SamplingParams& sp, bool generate) {
+  return import_kv(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), sp, generate);
+}
+
+int Engine::import_kv(const uint8_t* data, size_t n, const SamplingParams& sp, bool generate) {
+  check_sampling(sp);
+  // Validation (the checksum reads every byte) runs before the lock: the model's config never changes.
+  KvSnapshot snap = read_kv_snapshot(data, n, model_->config());
+  check_tokens(snap.tokens);
+  if (generate && snap.n_past == static_cast<int>(snap.tokens.size())) {
+    throw std::invalid_argument("import_kv: every token of the snapshot (" + std::to_string(snap.tokens.size()) +
+                                ") has KV, so there is no token to generate from; import with generate=False "
+                                "and append the next turn's tokens with generate=True");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const KvGeometry& g = kv_->geometry();
+  const bool same_format = snap.k_format == g.k_format && snap.v_format == g.v_format;
+  Sequence s;
+  s.tokens = std::move(snap.tokens);
+  s.sp = sp;
+  s.rng.seed(sp.seed);
+  // Blocks this engine already holds for the same first tokens are shared, as add_sequence shares them
+  // (only when no conversion is needed: the shared rows are then the snapshot's own bytes).
+  const size_t reused_before = prefix_tokens_reused_;
+  if (opt_.prefix_sharing && same_format) share_prefix(s, snap.n_past);
+  const int shared = s.n_past;
+  if (!ensure_blocks(s, snap.n_past, snap.swa_from)) {
+    const int bt = g.block_tokens;
+    const size_t global_blocks = static_cast<size_t>((snap.n_past + bt - 1) / bt) - s.blocks.size();
+    release_blocks(s);
+    prefix_tokens_reused_ = reused_before;
+    throw KvBudgetError("import_kv: the snapshot's " + std::to_string(snap.n_past) + " positions need " +
+                        std::to_string(global_blocks) + " more KV blocks of " + std::to_string(kv_->block_bytes()) +
+                        " bytes" + (swa_kv_ ? " (and the sliding window's)" : "") + ", more than the budget of " +
+                        std::to_string(kv_->budget_bytes()) + " bytes has free (" +
+                        std::to_string(kv_->budget_reserved()) +
+                        " reserved); free or park sequences, or raise kv_budget_bytes");
+  }
+  try {
+    write_kv_snapshot_rows(snap, model_->config(), *kv_, swa_kv_.get(), s.blocks, s.swa_blocks, shared, *kern_);
+  } catch (...) {
+    release_blocks(s);
+    prefix_tokens_reused_ = reused_before;
+    throw;
+  }
+  s.n_past = snap.n_past;
+  trim_window(s);
+  s.converted = !same_format;
+  s.generating = generate;
+  s.lazy_tail = !generate && snap.lazy_tail;
+  s.id = next_id_++;
+  publish_blocks(s);
+  const int id = s.id;
+  seqs_.emplace(id, std::move(s));
+  return id;
 }
 
 }  // namespace kvs

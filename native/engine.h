@@ -17,6 +17,10 @@
 
 namespace kvs {
 
+struct KvSnapshotSource;  // kv_transfer.h
+class Backend;           // backend/backend.h
+class DeviceForward;     // device_forward.h
+
 struct EngineOptions {
   std::string model_path;
   std::string kv_k = "f16";
@@ -33,6 +37,11 @@ struct EngineOptions {
   // Ignored (off) for models with sliding-window layers: their sliding blocks
   // leave the window and are released, so a block table is not a prefix.
   bool prefix_sharing = true;
+  // Where the forward runs (issue 16): "cpu" (model.cpp, the kernels/ table), "vulkan" (device_forward.cpp
+  // over the Vulkan backend: weights, activations and the KV pool's bytes on the device; sampling on the
+  // host), or "cpu-ops" (device_forward.cpp over the CPU backend's ops: the reference for vulkan, slow).
+  std::string backend = "cpu";
+  int device = 0;  // vulkan: the device index (vulkan_devices())
 };
 
 struct SamplingParams {
@@ -90,6 +99,8 @@ class Engine {
   const ModelConfig& config() const { return model_->config(); }
   const Model& model() const { return *model_; }
   std::string isa() const { return kern_->name; }
+  // Where the forward runs: "cpu", "cpu-ops" or "vulkan:<device name>" (EngineOptions.backend).
+  std::string backend_name() const;
   const EngineOptions& options() const { return opt_; }
 
   // New sequence with its first tokens queued for prefill. When `generate`, it
@@ -134,6 +145,27 @@ class Engine {
   void set_token_mask(int id, const std::vector<uint32_t>& bits);
   void clear_token_mask(int id);
 
+  // Roofline timers (see StepTimers in model.h): off by default, switched at run
+  // time. timers() returns the sums since the last reset and, with reset, starts
+  // new ones; reset_timers() only clears them.
+  void set_timers(bool on);
+  StepTimers timers(bool reset = true);
+  void reset_timers();
+
+  // KV snapshots (issue 18; the blob format is in kv_transfer.h). export_kv: the
+  // sequence's tokens and K/V rows, in this pool's formats and in position order;
+  // throws for a sequence holding fill_kv's synthetic rows. kv_export_bytes: the
+  // blob's size, without building it. import_kv: a new sequence whose KV is the
+  // snapshot's (validated against this model; rows converted when this pool's
+  // formats differ; KvBudgetError, holding nothing, when the blocks do not fit).
+  // Tokens without KV are queued as add_sequence queues them; a lazy tail stays
+  // lazy unless `generate`, which continues generation as add_sequence(...,
+  // true) would (it needs a token without KV, as a generating add_sequence does).
+  std::string export_kv(int id) const;
+  size_t kv_export_bytes(int id) const;
+  int import_kv(const std::string& blob, const SamplingParams& sp, bool generate);
+  int import_kv(const uint8_t* data, size_t n, const SamplingParams& sp, bool generate);
+
  private:
   struct Sequence {
     int id = 0;
@@ -154,6 +186,7 @@ class Engine {
     bool lazy_tail = false;
     int published = 0;       // blocks [0, published) are in the prefix index or never will be
     bool synthetic = false;  // holds fill_kv positions, whose KV does not match its tokens
+    bool converted = false;  // KV imported from another format (import_kv): never published for sharing
 
     // (ceil(n_vocab / 32),) the tokens it may sample next; empty: all (set_token_mask)
     std::vector<uint32_t> token_mask;
@@ -177,6 +210,8 @@ class Engine {
   // Indexes s's newly completed blocks so later sequences can share them.
   void publish_blocks(Sequence& s);
   void release_blocks(Sequence& s);
+  // What export_kv reads of s (kv_transfer.h).
+  KvSnapshotSource snapshot_of(const Sequence& s) const;
 
   EngineOptions opt_;
   const Kernels* kern_;
@@ -184,6 +219,11 @@ class Engine {
   std::unique_ptr<KvPool> kv_;      // global layers (every layer for most models)
   std::unique_ptr<KvPool> swa_kv_;  // sliding-window layers; null without them
   std::unique_ptr<ThreadPool> pool_;
+  // backend != "cpu": the device and the forward on it (the KvPools then keep only ids and accounting).
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeviceForward> device_;
+  // Runs the forward where EngineOptions.backend says, into logits_.
+  void run_forward(const std::vector<BatchItem>& items);
   Workspace ws_;
   std::vector<float> logits_;
   std::map<int, Sequence> seqs_;                      // {id: sequence}, ordered so steps are deterministic

@@ -7,7 +7,8 @@
 
 namespace kvs {
 
-KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(std::make_shared<KvBudget>()) {
+KvPool::KvPool(const KvGeometry& g, size_t budget_bytes, bool host_storage)
+    : g_(g), budget_(std::make_shared<KvBudget>()), host_storage_(host_storage) {
   budget_->bytes = budget_bytes;
   if (g.n_layer <= 0) throw std::invalid_argument("KvPool: layers must be positive");
   init();
@@ -19,7 +20,8 @@ KvPool::KvPool(const KvGeometry& g, size_t budget_bytes) : g_(g), budget_(std::m
   }
 }
 
-KvPool::KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared) : g_(g), budget_(std::move(shared)) {
+KvPool::KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared, bool host_storage)
+    : g_(g), budget_(std::move(shared)), host_storage_(host_storage) {
   if (budget_ == nullptr) throw std::invalid_argument("KvPool: the shared budget is null");
   if (g.n_layer < 0) throw std::invalid_argument("KvPool: layers must be >= 0");
   init();
@@ -71,7 +73,7 @@ int KvPool::acquire() {
     id = free_.back();
     free_.pop_back();
   } else {
-    blocks_.emplace_back(new uint8_t[block_bytes_]());
+    blocks_.emplace_back(host_storage_ ? new uint8_t[block_bytes_]() : nullptr);
     refs_.push_back(0);
     id = static_cast<int>(blocks_.size() - 1);
   }

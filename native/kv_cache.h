@@ -48,11 +48,14 @@ class KvBudgetError : public std::runtime_error {
 
 class KvPool {
  public:
-  // budget_bytes == 0 means no budget.
-  KvPool(const KvGeometry& g, size_t budget_bytes);
+  // budget_bytes == 0 means no budget. host_storage false: the pool keeps block
+  // ids, holders and byte accounting only, and its blocks' bytes live elsewhere
+  // (a device Buffer laid out as blocks_allocated() blocks of block_bytes(), block
+  // b at b * block_bytes(): device_forward.h); k_row / v_row must not be used then.
+  KvPool(const KvGeometry& g, size_t budget_bytes, bool host_storage = true);
   // A pool drawing on a budget shared with other pools (checked by the caller
   // against one block of each pool).
-  KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared);
+  KvPool(const KvGeometry& g, std::shared_ptr<KvBudget> shared, bool host_storage = true);
 
   const KvGeometry& geometry() const { return g_; }
   size_t k_row_bytes() const { return k_row_; }
@@ -82,6 +85,17 @@ class KvPool {
   size_t blocks_in_use() const { return in_use_; }
   size_t blocks_allocated() const { return blocks_.size(); }
 
+  bool host_storage() const { return host_storage_; }
+  // Byte offsets inside one block: of a layer's K part and V part, and of one row.
+  size_t k_part_offset(int layer) const { return static_cast<size_t>(layer) * layer_bytes_; }
+  size_t v_part_offset(int layer) const { return static_cast<size_t>(layer) * layer_bytes_ + k_part_; }
+  size_t k_row_offset(int layer, int slot, int head) const {
+    return k_part_offset(layer) + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
+  }
+  size_t v_row_offset(int layer, int slot, int head) const {
+    return v_part_offset(layer) + (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
+  }
+
   uint8_t* k_row(int block, int layer, int slot, int head) const {
     return blocks_[block].get() + layer * layer_bytes_ + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
   }
@@ -95,6 +109,7 @@ class KvPool {
 
   KvGeometry g_;
   std::shared_ptr<KvBudget> budget_;
+  bool host_storage_ = true;
   size_t k_row_, v_row_;
   size_t k_part_;       // bytes of the K part of one layer in a block
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block

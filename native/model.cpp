@@ -352,6 +352,10 @@ bool is_quantized_type(GgmlType t) {
 // are identical whatever T is (batch invariance).
 void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, ThreadPool& pool, const Kernels& kern,
             Workspace& ws) {
+  ScopeTimer timer(ws.timers.on ? &ws.timers.weights_s : nullptr);
+  if (ws.timers.on) {
+    for (const auto& tg : targets) ws.timers.weight_bytes += tg.w->row_bytes * static_cast<size_t>(tg.w->rows);
+  }
   const int64_t cols = targets[0].w->cols;
   auto is_quantized = [&](GgmlType t) { return !ws.float_activations && is_quantized_type(t); };
   int64_t total_rows = 0;
@@ -425,6 +429,7 @@ constexpr int kChunkPositions = 512;
 void attention(const ModelConfig& c, int layer, int window, int T, const KvPool& kv,
                const std::vector<const std::vector<int>*>& row_blocks, ThreadPool& pool, const Kernels& kern,
                Workspace& ws) {
+  ScopeTimer timer(ws.timers.on ? &ws.timers.attention_s : nullptr);
   const KvGeometry& g = kv.geometry();
   const int hd = c.head_dim, G = c.n_head / c.n_head_kv, bt = g.block_tokens, n_kv = c.n_head_kv;
   const int q_dim = c.n_head * hd, nb = hd / kQK;
@@ -448,6 +453,9 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
 
   const size_t k_stride = kv.k_row_bytes();  // consecutive slots of one (layer, kv head)
   const size_t v_stride = kv.v_row_bytes();
+  if (ws.timers.on) {
+    for (const AttnTask& tk : ws.attn_tasks) ws.timers.kv_bytes += (tk.end - tk.begin) * (k_stride + v_stride);
+  }
   // Blocks are separate allocations, so the hardware prefetcher stops at each
   // block's end: fetch the next block's rows while scoring the current one.
   auto prefetch = [](const uint8_t* p, size_t bytes) {
@@ -667,6 +675,10 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
   rope_table(ws.row_pos, T, hd, c.rope_base, rope_freqs_, rope_cs);
   if (c.n_layer_swa > 0) rope_table(ws.row_pos, T, hd, c.rope_base_swa, rope_freqs_, rope_cs_swa);
 
+  if (ws.timers.on) {
+    ws.timers.tokens += T;
+    ws.timers.weight_bytes += st * tok_embd_.row_bytes;
+  }
   pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       float* xr = ws.x.data() + t * d;

@@ -8,6 +8,7 @@
 //   gemma3   qwen3 attention + sliding-window layers, post-norms, GELU-tanh FFN, sqrt(n_embd) embedding scale
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -129,7 +130,42 @@ void fit(std::vector<T>& v, size_t n) {
   v.resize(n);
 }
 
+// Where forward passes spend their time and what they read, summed since the
+// last reset (Engine::set_timers / Engine::timers). With `on` false the forward
+// pass only tests the flag. Times are wall-clock seconds on the calling thread
+// (each part spans its parallel loops); other = total - weights - attention
+// (norms, RoPE and the K/V writes, activations, embedding, sampling).
+struct StepTimers {
+  bool on = false;
+  int64_t steps = 0;          // timed engine steps (Engine::step calls and score chunks that ran the model)
+  int64_t tokens = 0;         // token rows through the forward passes
+  double total_s = 0.0;       // whole steps, forward and sampling
+  double weights_s = 0.0;     // matmuls (every weight matrix, the output projection included)
+  double attention_s = 0.0;   // scores, softmax and the weighted V sums, merges included
+  uint64_t weight_bytes = 0;  // weight rows the matmuls streamed, plus the embedding rows looked up
+  uint64_t kv_bytes = 0;      // K and V rows attention read (every layer, kv head and position)
+  void reset() { *this = StepTimers{on}; }
+};
+
+// Adds the wall time of its scope to *acc; does nothing when acc is null (timers off).
+class ScopeTimer {
+ public:
+  explicit ScopeTimer(double* acc) : acc_(acc) {
+    if (acc_ != nullptr) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ScopeTimer() {
+    if (acc_ != nullptr) *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  ScopeTimer(const ScopeTimer&) = delete;
+  ScopeTimer& operator=(const ScopeTimer&) = delete;
+
+ private:
+  double* acc_;
+  std::chrono::steady_clock::time_point t0_{};
+};
+
 struct Workspace {
+  StepTimers timers;
   // false: quantized weights multiply 8-bit activation blocks with integer dot
   // products (fast); true: every weight row is dequantized and dotted in float32
   // (slower, free of activation rounding; for quality measurements).
@@ -160,6 +196,12 @@ class Model {
   const GgufFile& file() const { return *file_; }
   // Bytes of every weight read by one decode step (the shared weight stream).
   size_t weight_bytes() const { return weight_bytes_; }
+  // The weights, for forwards that run elsewhere (device_forward.cpp uploads them to a device).
+  const Weight& tok_embd() const { return tok_embd_; }
+  const Weight& output() const { return output_; }  // tok_embd() when tied
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty: none
+  const std::vector<LayerWeights>& layers() const { return layers_; }
 
   // Runs items through the model, writing their K/V into the pool and returning
   // logits rows in item order: for each item, n - logits_from rows of n_vocab.

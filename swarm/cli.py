@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from swarm.cli_engine import cmd_calibrate, cmd_generate
+from swarm.cli_engine import add_backend_args, cmd_calibrate, cmd_generate
 from swarm.local_devices import cmd_devices
 from worker.formats import KV_FORMATS as KV_CHOICES
 from worker.settings import DEFAULT_ENGINE
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", default=None, help="system message (with --chat)")
     g.add_argument("--threads", type=int, default=DEFAULT_ENGINE.threads)
     g.add_argument("--json", action="store_true", help="print prompt and generated token ids as JSON")
+    add_backend_args(g)
 
     c = sub.add_parser("calibrate", help="measure each KV format's cost and quality on this machine")
     c.add_argument("--model", default=None, help="GGUF file (default: SmolLM2-135M-Instruct)")
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--remeasure", action="store_true", help="ignore the cached table and measure again")
     c.add_argument("--threads", type=int, default=DEFAULT_ENGINE.threads)
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    add_backend_args(c)
 
     mo = sub.add_parser("models", help="list the models this host can see: architecture, size, KV bytes per token")
     mo.add_argument("--dir", action="append", default=[], help="also list every *.gguf under DIR (repeatable)")
@@ -379,16 +381,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no kvswarm workers on the Ray cluster at {conn.address}")
         return 0
     nodes = {w["actor"]: w["node_id"] for w in where["workers"].values()}
-    print(f"{'worker':<22}{'device':<16}{'KV':<11}{'agents':>7}{'KV used / budget':>22}{'tok/s':>8}  node")
+    from swarm.runtime.report import lifecycle_view, session_states
+
+    print(
+        f"{'worker':<22}{'device':<16}{'KV':<11}{'agents':>7}{'KV used / budget':>22}{'tok/s':>8}"
+        f"{'act/idle/park/drop':>20}{'parked ram+disk':>17}  node"
+    )
     for name, s in states.items():
         if isinstance(s, str):
             print(f"{name:<22}{s}")
             continue
         kv = f"{s['kv_bytes_used'] / 2**20:.1f} / {s['kv_budget_bytes'] / 2**20:.1f} MiB"
+        life = lifecycle_view(s.get("lifecycle"), None)
+        counts = "/".join(str(life[k]) for k in ("active", "idle", "parked", "dropped"))
+        parked = f"{(life['parked_ram_bytes'] + life['parked_disk_bytes']) / 2**20:.1f} MiB"
         print(
             f"{name:<22}{s['device']:<16}{s['kv_format']:<11}{len(s['sessions']):>7}{kv:>22}"
-            f"{s['tokens_per_s']:>8.0f}  {nodes.get(name, '?')[:12]}"
+            f"{s['tokens_per_s']:>8.0f}{counts:>20}{parked:>17}  {nodes.get(name, '?')[:12]}"
         )
+        kv_at = [f"{x['agent']} {x['state']}@{x['where']}" for x in session_states(s.get("sessions")) if x["state"]]
+        if kv_at and isinstance(s.get("sessions"), dict):  # where each agent's KV lives
+            print(f"  sessions: {', '.join(kv_at)}")
     for g in where["placement_groups"]:
         if " kv" in g["name"]:
             held = ", ".join(f"{b['label']}@{(b['node_id'] or '?')[:8]}" for b in g["bundles"])

@@ -9,13 +9,41 @@ import argparse
 import json
 import sys
 
+BACKEND_CHOICES = ("cpu", "vulkan")  # worker.devices.BACKENDS (that module loads the engine; --help must not)
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """--backend and --device of the commands that run the engine here."""
+    p.add_argument("--backend", default="cpu", choices=BACKEND_CHOICES, help="where the engine runs (default: cpu)")
+    p.add_argument(
+        "--device", type=int, default=0, help="with --backend vulkan: the Vulkan device (`swarm devices` lists them)"
+    )
+
+
+def _check_backend(args: argparse.Namespace) -> str | None:
+    """None, or the error line for a backend or device this host lacks (what to install, or the devices)."""
+    from worker.devices import check_backend
+    from worker.errors import DeviceError
+
+    try:
+        check_backend(args.backend, args.device)
+    except DeviceError as e:
+        return f"swarm {args.command}: --backend {args.backend} --device {args.device}: {e}"
+    return None
+
 
 def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here so `swarm --help` works without the compiled engine.
+    from worker.devices import backend_kwargs
     from worker.engine import Engine
     from worker.sampling import Sampling
 
-    engine = Engine(args.model, kv_k=args.kv_k, kv_v=args.kv_v, threads=args.threads)
+    problem = _check_backend(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    on = backend_kwargs(args.backend, args.device)
+    engine = Engine(args.model, kv_k=args.kv_k, kv_v=args.kv_v, threads=args.threads, **on)
     sampling = Sampling(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -51,6 +79,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "finish_reason": result.finish_reason,
                     "kv_k": args.kv_k,
                     "kv_v": args.kv_v,
+                    "backend": args.backend if args.backend == "cpu" else f"{args.backend}:{args.device}",
                     "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
                 }
             )
@@ -60,13 +89,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(
             f"[{len(result.prompt_ids)} prompt tokens, {len(result.token_ids)} generated, "
             f"prefill {result.prefill_s * 1000:.0f} ms, decode {result.decode_tokens_per_s:.1f} tokens/s, "
-            f"KV {args.kv_k}/{args.kv_v}, {engine.isa}, finish: {result.finish_reason}]",
+            f"KV {args.kv_k}/{args.kv_v}, {_where(args, engine.isa)}, finish: {result.finish_reason}]",
             file=sys.stderr,
         )
     return 0
 
 
+def _where(args: argparse.Namespace, isa: str) -> str:
+    """The CPU's kernel level, or the Vulkan device the engine ran on."""
+    if args.backend == "cpu":
+        return isa
+    from worker.devices import vulkan_device
+
+    return vulkan_device(args.device).label
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from swarm.gguf_header import read_geometry
     from swarm.planner import Calibration
     from worker.calibrate import CalibrationOptions, calibrate
@@ -74,7 +114,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from worker.models import resolve_model
 
     path = resolve_model(args.model)
+    problem = _check_backend(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     opts = CalibrationOptions.quick(args.threads) if args.quick else CalibrationOptions(threads=args.threads)
+    opts = dataclasses.replace(opts, backend=args.backend, device=args.device)
     say = (lambda m: print(m, file=sys.stderr)) if not args.json else None
     cal = Calibration.from_dict(calibrate(path, opts, remeasure=args.remeasure, progress=say))
     if args.json:

@@ -8,12 +8,12 @@ worker/ imports nothing from swarm/) and re-exported here.
 
 from __future__ import annotations
 
-from worker.errors import MetadataError, ModelNotFoundError, SessionError
+from worker.errors import DeviceError, MetadataError, ModelNotFoundError, SessionError
 
 __all__ = [
-    "AlreadyExists", "CallRefused", "ConfigError", "FailedPrecondition", "InvalidArgument", "MetadataError",
-    "ModelFileError", "ModelNotFoundError", "NoFeasiblePlan", "NotFound", "PortInUse", "ResourceExhausted",
-    "SchedulerError", "SessionError", "StoreFull", "SwarmError", "WorkerLost",
+    "AlreadyExists", "CallRefused", "ConfigError", "DeviceError", "FailedPrecondition", "InvalidArgument",
+    "MetadataError", "ModelFileError", "ModelNotFoundError", "NoFeasiblePlan", "NotFound", "PortInUse",
+    "ResourceExhausted", "SchedulerError", "SessionError", "StoreFull", "SwarmError", "WorkerLost",
 ]  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm import planner
-from swarm.config import SwarmConfig
+from swarm.config import SwarmConfig, Worker
 from swarm.devices import load_catalog
 from swarm.errors import ConfigError
 from swarm.gguf_header import read_geometry
@@ -79,13 +79,30 @@ def shared_prefix_tokens(cfg: SwarmConfig, model_path: Path | None) -> list[int]
     return out
 
 
+def local_gpu(w: Worker, where: str) -> tuple[str, int]:
+    """(device id "vulkan:<index>", memory budget bytes) of a local `backend: vulkan` worker's GPU: the device
+    heap's VK_EXT_memory_budget budget, else its size. ConfigError when this host lacks it (the message says
+    what to install, or lists the devices there are)."""
+    from worker.devices import vulkan_device
+    from worker.errors import DeviceError
+
+    try:
+        gpu = vulkan_device(w.vulkan_index)
+    except DeviceError as e:
+        problem, _, fix = str(e).partition(". To fix: ")
+        raise ConfigError(f"{where}.device" if w.device is not None else f"{where}.backend", problem,
+                          fix or "run `swarm devices` to see what this host offers") from None  # fmt: skip
+    return f"vulkan:{gpu.index}", gpu.memory_budget_bytes
+
+
 def plan_inputs(
     cfg: SwarmConfig,
     *,
-    calibrate: Callable[[Path, str, int], dict[str, Any]] | None = None,
+    calibrate: Callable[..., dict[str, Any]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> PlanInputs:
-    """calibrate(model_path, mode, threads) -> calibration dict, for local workers (default: worker.calibrate)."""
+    """calibrate(model_path, mode, threads) -> calibration dict, for local workers (default: worker.calibrate);
+    for a `backend: vulkan` worker it is called with backend= and device= keywords too."""
     geom, path = model_geometry(cfg)
     for i, g in enumerate(cfg.agents):
         if g.context > geom.n_ctx:
@@ -104,13 +121,20 @@ def plan_inputs(
     devices = []
     quality: dict[str, planner.Quality] = {}
     for i, w in enumerate(cfg.workers):
+        # A local worker's memory: this host's RAM, or with backend vulkan its GPU's device heap.
+        dev_id, backend, memory = "local", "cpu", available_memory()
+        on: dict[str, Any] = {}  # calibrate's keywords for a GPU worker
+        if w.kind == "local" and w.backend == "vulkan":
+            dev_id, memory = local_gpu(w, f"workers[{i}]")
+            backend = "vulkan"
+            on = {"backend": "vulkan", "device": w.vulkan_index}
         if w.kind == "local" and w.calibration_file:
             cal = trusted_calibration(
                 read_calibration_file(w.calibration_file, f"workers[{i}].calibration_file"), geom, pairs
             )
             quality = quality or cal.quality
-            usable = min(w.memory or available_memory(), available_memory())
-            devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
+            usable = min(w.memory or memory, memory)
+            devices.append(planner.DeviceProfile(w.name, dev_id, backend, int(usable), cal))
             continue
         if w.kind == "local" and w.calibration != "catalog":
             if path is None:
@@ -122,20 +146,23 @@ def plan_inputs(
                 from worker.calibrate import CalibrationOptions
                 from worker.calibrate import calibrate as measure
 
-                def calibrate(p: Path, mode: str, threads: int) -> dict[str, Any]:
+                def calibrate(
+                    p: Path, mode: str, threads: int, backend: str = "cpu", device: int = 0
+                ) -> dict[str, Any]:
                     opts = CalibrationOptions.quick(threads) if mode == "quick" else CalibrationOptions(threads=threads)
+                    opts = dataclasses.replace(opts, backend=backend, device=device)
                     return measure(p, opts, progress=progress)
 
             cal = trusted_calibration(
-                planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads)), geom, pairs
+                planner.Calibration.from_dict(calibrate(path, w.calibration, cfg.engine.threads, **on)), geom, pairs
             )
             quality = quality or cal.quality
-            usable = min(w.memory or available_memory(), available_memory())
-            devices.append(planner.DeviceProfile(w.name, "local", "cpu", int(usable), cal))
+            usable = min(w.memory or memory, memory)
+            devices.append(planner.DeviceProfile(w.name, dev_id, backend, int(usable), cal))
             continue
         if w.kind == "local":
             raise ConfigError(f"workers[{i}].calibration", "catalog needs a device", "use kind: virtual with a device")
-        spec = catalog[w.device or ""]
+        spec = catalog[str(w.device or "")]
         cal = planner.Calibration.from_bandwidth(geom, spec.effective_bandwidth, pairs)
         usable = min(w.memory, spec.usable_bytes) if w.memory else spec.usable_bytes
         devices.append(planner.DeviceProfile(w.name, spec.id, spec.backend, int(usable), cal))

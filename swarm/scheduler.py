@@ -45,6 +45,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from swarm.errors import CallRefused, SchedulerError, WorkerLost
 from swarm.runtime.names import compact_names, expand_names
 from swarm.runtime.placement import Reservation
+from swarm.runtime.report import LIFECYCLE_COUNTERS, lifecycle_numbers
 from swarm.scheduler_connect import (
     CALIBRATE_TIMEOUT_S,
     CALL_TIMEOUT_S,
@@ -114,6 +115,15 @@ class MeteredEngineWorker(EngineWorker):
         self._m_queue = metrics.Gauge("kvswarm_queue_depth", "turns waiting for their first token", tag_keys=keys)
         self._m_last = 0.0
         self._m_counted = 0
+        # session lifecycle (issue 18): bytes held per state, and the counters' totals already exported
+        self._m_idle = metrics.Gauge("kvswarm_kv_idle_bytes", "KV bytes of idle sessions kept in the pool",
+                                     tag_keys=keys)  # fmt: skip
+        self._m_parked = metrics.Gauge("kvswarm_kv_parked_bytes", "KV bytes of parked sessions, by tier (ram, disk)",
+                                       tag_keys=(*keys, "tier"))  # fmt: skip
+        self._m_life = {
+            key: metrics.Counter(f"kvswarm_{key}", text, tag_keys=keys) for key, text in LIFECYCLE_COUNTERS.items()
+        }
+        self._m_life_counted: dict[str, int] = {}
         self._export(force=True)
 
     def _report(self, final: bool) -> None:
@@ -135,6 +145,28 @@ class MeteredEngineWorker(EngineWorker):
         self._m_budget.set(s["kv_budget_bytes"], tags=self._tags)
         self._m_agents.set(s["active_sessions"], tags=self._tags)
         self._m_queue.set(s["queue_depth"], tags=self._tags)
+        life = lifecycle_numbers(s.get("lifecycle"))
+        self._m_idle.set(life["idle_bytes"], tags=self._tags)
+        for tier in ("ram", "disk"):
+            self._m_parked.set(life[f"parked_{tier}_bytes"], tags={**self._tags, "tier": tier})
+        for key, counter in self._m_life.items():
+            done = self._m_life_counted.get(key, 0)
+            if life[key] > done:
+                counter.inc(life[key] - done, tags=self._tags)
+                self._m_life_counted[key] = life[key]
+
+    def ship_in(self, session: str, blobs: list[Any]) -> dict[str, Any]:
+        """Imports a session shipped from another worker. `blobs` holds the source's export as an ObjectRef, in a
+        list so that Ray leaves it unresolved: the bytes come from the object store to this process (never through
+        the driver), and a source that died is this call's answer ({"imported": False}), not this worker's failure."""
+        try:
+            blob = ray.get(blobs[0], timeout=CALL_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - the source died or its export raised: the caller re-prefills
+            return {"imported": False, "why": f"the source's export failed: {type(e).__name__}: {str(e)[:200]}"}
+        if blob is None:
+            return {"imported": False, "why": "the source held no KV for it (dropped, running or unknown there)"}
+        got = self.import_session(session, blob)
+        return {**got, "imported": bool(got.get("accepted")), "bytes": len(blob), "why": got.get("reason", "")}
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -207,6 +239,8 @@ class Scheduler:
                 bundle["CPU"] = 1.0
             if spec.kind == "cluster":
                 bundle[f"device:{spec.device}"] = 1.0
+            if gpu_request(spec, cluster_resources()):  # a GPU worker where Ray sees GPUs: it holds one
+                bundle["GPU"] = 1.0
             selector = [{NODE_LABEL: self.conn.node_id}] if spec.kind != "cluster" else None
             pg = placement_group([bundle], strategy="STRICT_PACK", name=self.worker_pg_name(spec.name),
                                  bundle_label_selector=selector, lifetime=self._lifetime)  # fmt: skip
@@ -226,6 +260,7 @@ class Scheduler:
                 actor = _RemoteWorker.options(
                     name=self.actor_name(spec.name),
                     num_cpus=bundle.get("CPU", 0.0),
+                    num_gpus=bundle.get("GPU", 0.0),
                     memory=bundle["memory"],
                     resources={k: v for k, v in bundle.items() if k.startswith("device:")},
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
@@ -342,6 +377,36 @@ class Scheduler:
 
     def live_workers(self) -> list[str]:
         return [n for n, h in self.workers.items() if h.alive]
+
+    # -- shipping a session's KV on a planned move (docs/RELIABILITY.md) --------------------------
+    def export_ref(self, worker: str, session: str) -> Any:
+        """The source's snapshot of a session (EngineWorker.export_session) as an ObjectRef: its bytes stay in
+        Ray's object store until the destination fetches them."""
+        return self._live(worker).actor.export_session.remote(session)
+
+    def wait_exports(self, refs: Sequence[Any], timeout_s: float = CALL_TIMEOUT_S) -> set[Any]:
+        """The exports that finished within the deadline (fetched nowhere: a source may be stopped after this)."""
+        if not refs:
+            return set()
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+        except Exception:  # noqa: BLE001 - Ray itself is gone: nothing ships, every agent re-prefills
+            return set()
+        return set(ready)
+
+    def ship(self, worker: str, session: str, export: Any) -> dict[str, Any]:
+        """Hands an export's ObjectRef straight to the destination's import; {"imported": False, "why"} when the
+        source's export failed or held nothing. CallRefused when the destination refused the snapshot."""
+        h = self._live(worker)
+        out: dict[str, Any] = _get([h.actor.ship_in.remote(session, [export])], CALL_TIMEOUT_S, worker, h)[0]
+        return out
+
+
+def gpu_request(spec: WorkerSpec, resources: dict[str, float]) -> bool:
+    """True when the worker runs on a GPU (backend vulkan) and Ray sees one (the `GPU` resource; Ray counts
+    NVIDIA GPUs itself, others when a node starts with --num-gpus): then its actor requests one. Without it a
+    GPU worker still runs; Ray just does not account for its GPU."""
+    return spec.backend != "cpu" and resources.get("GPU", 0.0) >= 1.0
 
 
 def _spec_dict(spec: WorkerSpec) -> dict[str, Any]:

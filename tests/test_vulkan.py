@@ -17,17 +17,27 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
+from test_kquants import elements_per_block, random_blocks
 
 from swarm.cli import main as swarm_main
 from worker import _native
 
 REQUIRE_VULKAN = os.environ.get("KVSWARM_REQUIRE_VULKAN") == "1"
 
-# The weight formats with a Vulkan matmul shader (native/backend/vulkan/shaders/matmul.comp).
-VULKAN_WEIGHT_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+# The weight formats with a Vulkan matmul shader: matmul.comp (F32, F16, Q4_0, Q4_1, Q8_0) and
+# matmul_kquant.comp (the rest). Every format the CPU engine reads (test_every_cpu_weight_type_has_a_shader).
+VULKAN_WEIGHT_TYPES = (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+)  # fmt: skip
+# Formats gguf-py's quantize() writes; the others get random valid blocks (test_kquants.random_blocks).
+GGUF_PY_QUANTIZES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 # Named error limits. The shaders accumulate in float32; the references are float64.
-# matmul: float32 sums of n products err by at most ~n * 2^-24 of sum |w x| (n <= 101 here: 6e-6).
+# matmul: every product passes through at most ~45 float32 roundings before the output, relative to
+# sum |w x|: 2-3 in decoding the weight (scale products, min), 32 in a thread's sum over its chunk of
+# 32 elements, ceil(cols / (32 * 64)) in its running sum over chunks, 6 in the workgroup's tree sum
+# of 64 threads: 45 * 2^-24 = 2.7e-6 for cols <= 768 here.
 MATMUL_REL_LIMIT = 1e-5
 # rms_norm: a float32 sum of squares and inversesqrt (the Vulkan spec allows 2 ulp for inversesqrt).
 RMS_NORM_REL_LIMIT = 1e-5
@@ -146,23 +156,44 @@ def test_bad_requests_name_the_fix(device: int) -> None:
         _native._backend_name("vulkan", n)
     with pytest.raises(ValueError, match="unknown backend 'metal' \\(expected cpu or vulkan\\)"):
         _native._backend_name("metal", 0)
-    raw = bytes(144)  # one Q4_K super-block (BlockQ4_K: 144 bytes) of 256 elements
     x = np.zeros((1, 256), np.float32)
-    with pytest.raises(ValueError, match="weight type Q4_K has no shader yet \\(Vulkan has F32, F16, Q4_0"):
-        _native._backend_matmul("vulkan", device, "Q4_K", raw, 1, 256, x)
+    with pytest.raises(ValueError, match="unknown weight type 'Q1_0' \\(supported: F32, F16"):
+        _native._backend_matmul("vulkan", device, "Q1_0", bytes(144), 1, 256, x)
+    with pytest.raises(ValueError, match="143 weight bytes, expected rows \\* row_bytes\\(Q4_K, cols\\)"):
+        _native._backend_matmul("vulkan", device, "Q4_K", bytes(143), 1, 256, x)
+
+
+def test_every_cpu_weight_type_has_a_shader() -> None:
+    """The CPU engine's list of weight formats (from its error for an unknown one) is VULKAN_WEIGHT_TYPES."""
+    with pytest.raises(ValueError) as e:
+        _native._backend_matmul("cpu", 0, "Q1_0", b"", 1, 32, np.zeros((1, 32), np.float32))
+    cpu_types = str(e.value).split("(supported: ")[1].rstrip(")").split(", ")
+    assert sorted(cpu_types) == sorted(VULKAN_WEIGHT_TYPES)
 
 
 # ---- shaders ----
 
 
+def _weights(wt: str, rows: int, seed: int) -> tuple[bytes, int]:
+    """(raw GGUF rows, cols) of a weight matrix in format wt. cols: 101 (odd, not a multiple of 32) for the
+    float formats, 96 = 3 blocks for the 32-element formats, 768 = 3 super-blocks for the 256-element ones."""
+    rng = np.random.default_rng(seed)
+    if wt in ("F32", "F16", "BF16"):
+        cols = 101
+    else:
+        cols = 3 * elements_per_block(wt)
+    if wt in GGUF_PY_QUANTIZES:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        return quantize(w, GGMLQuantizationType[wt]).tobytes(), cols
+    return random_blocks(wt, rows * 3, seed).tobytes(), cols
+
+
 @pytest.mark.parametrize("T", [1, 19])  # 19: two full passes of 8 activation rows and a partial one
 @pytest.mark.parametrize("wt", VULKAN_WEIGHT_TYPES)
 def test_matmul(device: int, wt: str, T: int) -> None:
-    # 37 rows (odd); 96 columns = 3 blocks for the block formats, 101 (odd, not a multiple of 32) for F32/F16.
-    rows, cols = 37, 96 if wt.startswith("Q") else 101
-    rng = np.random.default_rng(100 + T)
-    w = rng.standard_normal((rows, cols)).astype(np.float32)
-    raw = quantize(w, GGMLQuantizationType[wt]).tobytes()
+    rows = 37  # odd
+    raw, cols = _weights(wt, rows, seed=100 + T)
+    rng = np.random.default_rng(200 + T)
     x = rng.standard_normal((T, cols)).astype(np.float32)
     wd = _dequantized_rows(wt, raw, rows, cols)  # the CPU reference kernel's weights
     want = x.astype(np.float64) @ wd.T
@@ -170,7 +201,7 @@ def test_matmul(device: int, wt: str, T: int) -> None:
     got = _native._backend_matmul("vulkan", device, wt, raw, rows, cols, x)
     assert got.shape == (T, rows)
     assert np.all(np.abs(got - want) <= MATMUL_REL_LIMIT * scale)
-    if not wt.startswith("Q"):  # the CPU backend's float path agrees too (its block formats quantize x to int8)
+    if wt in ("F32", "F16", "BF16"):  # the CPU backend's float path agrees too (its block formats quantize x)
         cpu = _native._backend_matmul("cpu", 0, wt, raw, rows, cols, x)
         assert np.all(np.abs(got - cpu) <= 2 * MATMUL_REL_LIMIT * scale)
 

@@ -46,6 +46,7 @@ from worker import _native
 from worker.calibrate_stats import INTERVAL, AttentionFit, Estimate, attention_problem
 from worker.calibrate_stats import MIN_R2 as MIN_R2  # re-exported: tests read the threshold here
 from worker.calibrate_stats import pooled_r2 as _r2
+from worker.devices import backend_kwargs, check_backend
 from worker.engine import Engine, read_gguf
 from worker.formats import KV_FORMATS, all_pairs, kv_row_bytes, pair_name
 from worker.host import available_memory
@@ -81,6 +82,8 @@ class CalibrationOptions:
     quality_tokens: int = QUALITY_TOKENS
     threads: int = DEFAULT_ENGINE.threads
     repeats: int = DEFAULT_REPEATS
+    backend: str = "cpu"  # the engine's backend: "cpu" or "vulkan" (worker.devices.BACKENDS)
+    device: int = 0  # backend vulkan: the Vulkan device index
 
     @staticmethod
     def quick(threads: int = DEFAULT_ENGINE.threads) -> CalibrationOptions:
@@ -95,7 +98,17 @@ class CalibrationOptions:
         )
 
 
-def machine_id() -> str:
+def machine_id(backend: str = "cpu", device: int = 0) -> str:
+    """This host (name, CPU, cpus, best ISA level); for backend vulkan also the GPU and its driver."""
+    host = _host_id()
+    if backend == "cpu":
+        return host
+    gpu = check_backend(backend, device)
+    assert gpu is not None  # check_backend returns the device for every backend but the CPU
+    return f"{host} | {gpu.label} {gpu.driver_version}"
+
+
+def _host_id() -> str:
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -122,7 +135,12 @@ def engine_build() -> str:
 
 
 def cache_key(model: Path, opts: CalibrationOptions) -> str:
-    parts = [machine_id(), _file_digest(model), json.dumps(dataclasses.asdict(opts)), str(CACHE_VERSION)]
+    """Per machine, model file, options and cache version; a GPU's calibration also per device and driver
+    (machine_id names them). A CPU calibration's key leaves the backend out (it is what it was before GPUs)."""
+    options = dataclasses.asdict(opts)
+    if opts.backend == "cpu":
+        del options["backend"], options["device"]
+    parts = [machine_id(opts.backend, opts.device), _file_digest(model), json.dumps(options), str(CACHE_VERSION)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -176,12 +194,14 @@ def attended_positions(layout: Sequence[tuple[int, int, int, int]], context: int
     return sum(min(context, w) if w else context for _, _, _, w in layout)
 
 
-def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) -> list[list[tuple[str, str]]]:
-    """Splits the pairs into groups whose KV at max_ctx fits in _MEMORY_SHARE of available memory
-    (on a big host: one group, every format interleaved with every other). A sliding layer holds
-    at most its window plus one step's tokens."""
+def _memory_groups(
+    model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int, memory: int | None = None
+) -> list[list[tuple[str, str]]]:
+    """Splits the pairs into groups whose KV at max_ctx fits in _MEMORY_SHARE of `memory` (default: this
+    host's available memory; a GPU's device memory for backend vulkan) (on a big host: one group, every
+    format interleaved with every other). A sliding layer holds at most its window plus one step's tokens."""
     layout = kv_layout(model)
-    budget = _MEMORY_SHARE * available_memory()
+    budget = _MEMORY_SHARE * (available_memory() if memory is None else memory)
     groups: list[list[tuple[str, str]]] = [[]]
     used = 0
     for k, v in pairs:
@@ -200,7 +220,13 @@ def _memory_groups(model: Path, pairs: Sequence[tuple[str, str]], max_ctx: int) 
 
 
 def measure_attention(
-    model: Path, pairs: Sequence[tuple[str, str]], contexts: Sequence[int], threads: int, repeats: int
+    model: Path,
+    pairs: Sequence[tuple[str, str]],
+    contexts: Sequence[int],
+    threads: int,
+    repeats: int,
+    backend: str = "cpu",
+    device: int = 0,
 ) -> dict[tuple[str, str], AttentionFit]:
     """For each pair: `repeats` slope estimates (ns per position per layer), the formats interleaved.
 
@@ -210,14 +236,16 @@ def measure_attention(
     (a fresh sequence, `repeats` more samples) up to MAX_ROUNDS rounds in all.
     """
     out: dict[tuple[str, str], AttentionFit] = {}
+    gpu = check_backend(backend, device)
+    memory = gpu.memory_budget_bytes if gpu is not None else None  # where the KV lives
     todo = list(pairs)
     samples: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
     points: dict[tuple[str, str], list[tuple[int, float]]] = {p: [] for p in pairs}
     for _round in range(MAX_ROUNDS):
         if not todo:
             break
-        for group in _memory_groups(model, todo, max(contexts)):
-            _measure_group(model, group, contexts, threads, repeats, samples, points)
+        for group in _memory_groups(model, todo, max(contexts), memory):
+            _measure_group(model, group, contexts, threads, repeats, samples, points, backend, device)
         again = []
         for p in todo:
             est = Estimate.of(samples[p])
@@ -238,8 +266,11 @@ def _measure_group(
     repeats: int,
     samples: dict[tuple[str, str], list[float]],
     points: dict[tuple[str, str], list[tuple[int, float]]],
+    backend: str = "cpu",
+    device: int = 0,
 ) -> None:
-    engines = {p: Engine(model, kv_k=p[0], kv_v=p[1], threads=threads, prefix_sharing=False) for p in group}
+    on = backend_kwargs(backend, device)
+    engines = {p: Engine(model, kv_k=p[0], kv_v=p[1], threads=threads, prefix_sharing=False, **on) for p in group}
     seqs = {p: e.add_sequence([], generate=False) for p, e in engines.items()}
     layout = kv_layout(model)
     n_ctx = next(iter(engines.values())).config["n_ctx_train"]
@@ -274,7 +305,7 @@ def _measure_group(
 
 
 def measure_weight_stream(
-    model: Path, batches: Sequence[int], threads: int, repeats: int
+    model: Path, batches: Sequence[int], threads: int, repeats: int, backend: str = "cpu", device: int = 0
 ) -> tuple[tuple[Estimate, ...], dict[int, tuple[float, ...]]]:
     """Decode-step seconds for batches of b sequences at a 16-position context, b = 1..max(batches).
 
@@ -282,7 +313,8 @@ def measure_weight_stream(
     16-position sequences; sizes between measured ones are interpolated. Nothing forces the curve
     to rise: it is what was measured. Returns (an Estimate per b, {measured b: samples}).
     """
-    eng = Engine(model, kv_k="f16", kv_v="f16", threads=threads, prefix_sharing=False)
+    on = backend_kwargs(backend, device)
+    eng = Engine(model, kv_k="f16", kv_v="f16", threads=threads, prefix_sharing=False, **on)
     sizes = sorted(set(batches))
     samples: dict[int, list[float]] = {b: [] for b in sizes}
     for r in range(repeats):
@@ -298,6 +330,16 @@ def measure_weight_stream(
     cols = [np.interp(grid, sizes, [getattr(est[b], f) for b in sizes]) for f in ("median", "low", "high")]
     full = tuple(Estimate(float(m), float(lo), float(hi)) for m, lo, hi in zip(*cols, strict=True))
     return full, {b: tuple(v) for b, v in samples.items()}
+
+
+def read_bandwidth(backend: str, device: int, threads: int) -> float:
+    """Bytes per second a streaming read sustains: host memory for the CPU, device memory for Vulkan (a
+    device-local copy, counting the bytes read and written; NOTE: 0 until the module has the copy timer)."""
+    if backend == "cpu":
+        return float(_native.measure_read_bandwidth(threads, 1 << 28, 3))
+    if not hasattr(_native, "_backend_copy_bandwidth"):
+        return 0.0
+    return float(_native._backend_copy_bandwidth(backend, device, 1 << 28, 5))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -369,16 +411,19 @@ def calibrate(
     path = resolve_model(model)
     say = progress or (lambda _msg: None)
     build = engine_build()
+    check_backend(opts.backend, opts.device)  # DeviceError naming the fix, before any measurement
     cache_file = cache_dir() / f"{cache_key(path, opts)}.json"
     if not remeasure:
         cached = _read_cache(cache_file, build)
         if cached is not None:
             return cached
     say(f"measuring weight-stream time for batches {', '.join(map(str, opts.batches))} x {opts.repeats} repeats")
-    weight, _ = measure_weight_stream(path, opts.batches, opts.threads, opts.repeats)
+    weight, _ = measure_weight_stream(path, opts.batches, opts.threads, opts.repeats, opts.backend, opts.device)
     names = ", ".join(pair_name(p) for p in opts.pairs)
     say(f"measuring attention cost of {names} at contexts {', '.join(map(str, opts.contexts))}, interleaved")
-    fits = measure_attention(path, opts.pairs, opts.contexts, opts.threads, opts.repeats)
+    fits = measure_attention(path, opts.pairs, opts.contexts, opts.threads, opts.repeats, opts.backend, opts.device)
+    # NOTE: quality is measured on the CPU engine for every backend: it is the KV format's effect on the
+    # model's outputs (float32 activations), not a property of the device that runs it.
     say(f"measuring quality of {len(opts.pairs)} formats against f32 over {opts.quality_tokens} tokens")
     quality = measure_quality(path, opts.pairs, opts.quality_tokens, opts.threads)
     problems = [f"{pair_name(p)}: {f.problem} after {MAX_ROUNDS} rounds" for p, f in fits.items() if f.problem]
@@ -387,7 +432,7 @@ def calibrate(
         problems.append(f"weight step: non-positive time at batches {bad_weight}")
     cal = {
         "source": "measured",
-        "machine": machine_id(),
+        "machine": machine_id(opts.backend, opts.device),
         "engine_build": build,
         "interval": INTERVAL,
         "repeats": opts.repeats,
@@ -398,7 +443,7 @@ def calibrate(
         "quality": quality,
         "reliable": not problems,
         "problems": problems,
-        "read_bytes_per_s": float(_native.measure_read_bandwidth(opts.threads, 1 << 28, 3)),
+        "read_bytes_per_s": read_bandwidth(opts.backend, opts.device, opts.threads),
     }
     for msg in problems:
         _warn(f"unreliable calibration: {msg}; plans for this host will use its bandwidth instead")

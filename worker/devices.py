@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from worker import _native
+from worker.errors import DeviceError
 from worker.host import available_memory
+
+BACKENDS = ("cpu", "vulkan")  # the engine's backends (native/backend/backend.h make_backend)
 
 # What to install when the module was built without the Vulkan backend.
 VULKAN_BUILD_FIX = (
     "apt-get install libvulkan-dev glslc mesa-vulkan-drivers (or `make vulkan-tools` as root), then `make build`"
 )
+_NO_VULKAN_DEVICE = "the Vulkan loader found no device (install a Vulkan driver, e.g. mesa-vulkan-drivers)"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class VulkanDevice:
     device_local_budget: int  # its VK_EXT_memory_budget budget, 0 when the extension is absent
     memory_budget_ext: bool
     subgroup_size: int
+    subgroup_arithmetic: bool  # subgroupAdd & co. in compute shaders (the matmuls' subgroup variants)
     shader_int8: bool
     shader_float16: bool
     integer_dot_product: bool
@@ -59,6 +64,17 @@ class VulkanDevice:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """What the engine may use of the device: the VK_EXT_memory_budget budget, else the heap's size."""
+        return self.device_local_budget or self.device_local_bytes
+
+    @property
+    def label(self) -> str:
+        """vulkan:<index> <name> (<driver> <version>): how a worker's Repr and the dashboard name it."""
+        driver = " ".join(x for x in (self.driver_name, self.driver_info or self.driver_version) if x)
+        return f"vulkan:{self.index} {self.name} ({driver})"
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,40 @@ def list_devices() -> Devices:
     except RuntimeError as e:
         return Devices(cpu=cpu, vulkan_built=True, vulkan=(), vulkan_problem=str(e))
     if not found:
-        no_device = "the Vulkan loader found no device (install a Vulkan driver, e.g. mesa-vulkan-drivers)"
-        return Devices(cpu=cpu, vulkan_built=True, vulkan=(), vulkan_problem=no_device)
+        return Devices(cpu=cpu, vulkan_built=True, vulkan=(), vulkan_problem=_NO_VULKAN_DEVICE)
     return Devices(cpu=cpu, vulkan_built=True, vulkan=found, vulkan_problem=None)
+
+
+def vulkan_device(index: int) -> VulkanDevice:
+    """Vulkan device `index` of this host; DeviceError saying what is missing (the build, a loader or driver,
+    that index: the message lists the devices there are)."""
+    if not has_vulkan():
+        raise DeviceError(f"Vulkan support was not built into this module. To fix: {VULKAN_BUILD_FIX}")
+    try:
+        found = vulkan_devices()
+    except RuntimeError as e:
+        raise DeviceError(str(e)) from None
+    if not found:
+        raise DeviceError(_NO_VULKAN_DEVICE)
+    if not 0 <= index < len(found):
+        listing = "; ".join(f"vulkan:{d.index} {d.name}" for d in found)
+        raise DeviceError(
+            f"vulkan device {index} does not exist: this host has {len(found)} ({listing}). "
+            f"To fix: use an index from 0 to {len(found) - 1} (`swarm devices` lists them)"
+        )
+    return found[index]
+
+
+def check_backend(backend: str, device: int) -> VulkanDevice | None:
+    """Validates an engine's backend and device before anything is loaded: None for the CPU, the Vulkan
+    device for vulkan; DeviceError for an unknown backend or a device this host lacks."""
+    if backend not in BACKENDS:
+        raise DeviceError(f"unknown backend {backend!r}. To fix: use one of {', '.join(BACKENDS)}")
+    if backend == "cpu":
+        return None
+    return vulkan_device(device)
+
+
+def backend_kwargs(backend: str, device: int) -> dict[str, Any]:
+    """Engine(...) keywords for a backend: none for the CPU (the engine's default, so its path is untouched)."""
+    return {} if backend == "cpu" else {"backend": backend, "device": device}

@@ -160,6 +160,41 @@ class Engine:
         """Calibration aid: append n synthetic positions with random K/V (no model run)."""
         self._native.fill_kv(seq_id, n, seed)
 
+    # -- KV snapshots (issue 18; the blob format is in native/kv_transfer.h) --
+    def export_kv(self, seq_id: int) -> bytes:
+        """The sequence's tokens and K/V rows (this pool's formats, position order, checksummed).
+
+        Import it with `import_kv` into an engine of the same model: any block_tokens, any KV format
+        (rows are converted on arrival). ValueError for a sequence holding fill_kv's synthetic rows."""
+        return bytes(self._native.export_kv(seq_id))
+
+    def kv_export_bytes(self, seq_id: int) -> int:
+        """len(export_kv(seq_id)), without building the blob."""
+        return int(self._native.kv_export_bytes(seq_id))
+
+    def import_kv(
+        self, blob: bytes | bytearray | memoryview, sampling: Sampling | None = None, generate: bool = False
+    ) -> int:
+        """A new sequence whose KV is the snapshot's; returns its id.
+
+        Tokens without KV are queued for prefill (a lazy tail stays lazy until `append`); with
+        generate=True it continues generating as `add_sequence(..., generate=True)` would. ValueError
+        for a truncated, corrupt, other-version or other-model blob; KvBudgetError (holding nothing)
+        when its blocks do not fit."""
+        return int(self._native.import_kv(blob, native_sampling(sampling or Sampling()), generate))
+
+    def set_timers(self, on: bool) -> None:
+        """Roofline timers on or off (off costs one branch per part of a step)."""
+        self._native.set_timers(on)
+
+    def timers(self, reset: bool = True) -> dict[str, float]:
+        """Sums since the last reset: steps, tokens, total_s = weights_s + attention_s + other_s,
+        weight_bytes (weight rows streamed) and kv_bytes (K/V rows read). reset: start new sums."""
+        return dict(self._native.timers(reset))
+
+    def reset_timers(self) -> None:
+        self._native.reset_timers()
+
     def info(self, seq_id: int) -> dict[str, Any]:
         return dict(self._native.info(seq_id))
 

@@ -18,3 +18,7 @@ class MetadataError(ValueError):
 
 class SessionError(ValueError):
     """A request about a session that cannot be honoured (busy, unknown, bad tokens)."""
+
+
+class DeviceError(ValueError):
+    """A backend or device this host cannot provide (unknown backend, Vulkan not built, no driver, no such index)."""

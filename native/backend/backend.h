@@ -2,8 +2,9 @@
 //
 // `cpu` runs today's kernels (kernels/), `vulkan` runs GLSL compute shaders through a
 // Vulkan loader opened at run time. Only native/backend/vulkan/ knows Vulkan.
-// NOTE: model.cpp still calls the CPU kernels directly; moving its forward onto this
-// interface (and the paged KV pool into device buffers) is the next step (docs/GPU.md).
+// NOTE: model.cpp's forward (EngineOptions.backend "cpu") still calls the CPU kernels directly, unchanged;
+// device_forward.cpp runs the same model over these ops (backend "vulkan", or "cpu-ops": this interface on
+// the CPU backend, the reference), with the paged KV pool in one device Buffer (docs/GPU.md).
 #pragma once
 
 #include <cstddef>
@@ -53,6 +54,17 @@ struct AttentionShape {
   size_t v_offset = 0;
   KvFormat k_format = KvFormat::F16;
   KvFormat v_format = KvFormat::F16;
+  int window = 0;  // attention_rows: > 0, a row at position p sees (p - window, p] only (sliding layer)
+};
+
+// The rows of a batch for attention_rows and kv_store: rows (T, 2) int32, row t = {position p_t, first
+// entry of its sequence's block table in `tables`}; position p lives in pool block
+// tables[first + p / block_tokens], slot p % block_tokens. Several rows may share one table (a prefill
+// chunk); each row sees its own causal range.
+struct RowTable {
+  int T = 0;
+  int block_tokens = 16;
+  size_t block_bytes = 0;  // bytes of one pool block
 };
 
 class Backend {
@@ -86,6 +98,30 @@ class Backend {
                          Buffer& out) = 0;
   // Waits until every op issued so far has finished.
   virtual void sync() = 0;
+
+  // --- ops of the model's forward over a batch of many sequences (device_forward.cpp) ---
+
+  // True when matmul has a kernel for weights stored as `type`.
+  virtual bool has_matmul(GgmlType type) const = 0;
+  // dst [dst_offset, +bytes) = src [src_offset, +bytes); src and dst are different buffers.
+  virtual void copy(const Buffer& src, size_t src_offset, Buffer& dst, size_t dst_offset, size_t bytes) = 0;
+  // In place: Y (n,) += B[i % period] (period == n: a residual add; period = row width: a bias per row).
+  virtual void add(Buffer& y, const Buffer& b, int64_t n, int64_t period) = 0;
+  // In place: X (T, n_head, head_dim) turned by RoPE from a host-made table CS (T, n_rot/2, 2) of
+  // (cos, sin) per row and pair; pairs as `style`, dims past n_rot untouched.
+  virtual void rope_table(Buffer& x, const Buffer& cs, int T, int n_head, int head_dim, int n_rot,
+                          RopePairs style) = 0;
+  // Stores SRC (T, n_kv_head, head_dim) f32 into the pool as `format` rows (kv_store_row's encoding):
+  // the row of (row t, kv head h) at byte block * block_bytes + part_offset + (h * block_tokens + slot) *
+  // kv_row_bytes(format, head_dim), block and slot from row t's position (RowTable).
+  virtual void kv_store(KvFormat format, const Buffer& src, int n_kv_head, int head_dim, size_t part_offset,
+                        const RowTable& rt, Buffer& pool, const Buffer& tables, const Buffer& rows) = 0;
+  // Flash-decode attention of T query rows of many sequences: Q (T, n_head, head_dim) -> OUT (T, n_head,
+  // head_dim); row t sees positions [lo, p_t] of its own table (lo = 0, or p_t + 1 - window clipped at 0).
+  // s.T, s.block_tokens and s.block_bytes are the batch's; s.n_past is not used. Table entries that a row
+  // reads must lie in the pool (the caller checks them: the tables are built on the host).
+  virtual void attention_rows(const AttentionShape& s, const Buffer& q, const Buffer& pool, const Buffer& tables,
+                              const Buffer& rows, Buffer& out) = 0;
 };
 
 // The CPU backend over the active kernel table (kernels/): host buffers, ops run at once.
@@ -119,6 +155,7 @@ struct VulkanDeviceInfo {
   uint64_t device_local_budget = 0;  // VK_EXT_memory_budget for that heap (0 when the extension is absent)
   bool memory_budget_ext = false;
   uint32_t subgroup_size = 0;
+  bool subgroup_arithmetic = false;  // subgroupAdd & co. in compute shaders (the matmul's subgroup variant)
   bool shader_int8 = false;
   bool shader_float16 = false;
   bool integer_dot_product = false;          // VK_KHR_shader_integer_dot_product (or Vulkan 1.3) feature

@@ -173,6 +173,125 @@ class CpuBackend : public Backend {
 
   void sync() override {}
 
+  bool has_matmul(GgmlType type) const override { return type_supported(static_cast<uint32_t>(type)); }
+
+  void copy(const Buffer& src, size_t src_offset, Buffer& dst, size_t dst_offset, size_t bytes) override {
+    if (src_offset > src.bytes() || bytes > src.bytes() - src_offset || dst_offset > dst.bytes() ||
+        bytes > dst.bytes() - dst_offset) {
+      throw std::invalid_argument("cpu copy: range outside a buffer");
+    }
+    std::memcpy(host(dst).data() + dst_offset, host(src).data() + src_offset, bytes);
+  }
+
+  void add(Buffer& y, const Buffer& b, int64_t n, int64_t period) override {
+    if (n < 0 || period <= 0) throw std::invalid_argument("cpu add: n must be >= 0 and period > 0");
+    need(y, sizeof(float) * n, "y");
+    need(b, sizeof(float) * std::min(n, period), "b");
+    auto* Y = reinterpret_cast<float*>(host(y).data());
+    const auto* B = reinterpret_cast<const float*>(host(b).data());
+    for (int64_t i = 0; i < n; ++i) Y[i] += B[i % period];
+  }
+
+  void rope_table(Buffer& x, const Buffer& cs, int T, int n_head, int head_dim, int n_rot, RopePairs style) override {
+    if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim) throw std::invalid_argument("cpu rope_table: bad n_rot");
+    need(x, sizeof(float) * T * n_head * head_dim, "x");
+    need(cs, sizeof(float) * T * n_rot, "cs");
+    auto* X = reinterpret_cast<float*>(host(x).data());
+    const auto* CS = reinterpret_cast<const float*>(host(cs).data());
+    const int half = n_rot / 2;
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < n_head; ++h) {
+        float* xh = X + (static_cast<size_t>(t) * n_head + h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const float c = CS[(static_cast<size_t>(t) * half + i) * 2], s = CS[(static_cast<size_t>(t) * half + i) * 2 + 1];
+          const int ia = style == RopePairs::kAdjacent ? 2 * i : i;
+          const int ib = style == RopePairs::kAdjacent ? 2 * i + 1 : i + half;
+          const float a = xh[ia], b = xh[ib];
+          xh[ia] = a * c - b * s;
+          xh[ib] = a * s + b * c;
+        }
+      }
+    }
+  }
+
+  void kv_store(KvFormat format, const Buffer& src, int n_kv_head, int head_dim, size_t part_offset, const RowTable& rt,
+                Buffer& pool, const Buffer& tables, const Buffer& rows) override {
+    const size_t rb = kv_row_bytes(format, head_dim);
+    need(src, sizeof(float) * rt.T * n_kv_head * head_dim, "src");
+    need(rows, sizeof(int32_t) * 2 * rt.T, "rows");
+    if (part_offset + rb * n_kv_head * rt.block_tokens > rt.block_bytes) {
+      throw std::invalid_argument("cpu kv_store: rows run past block_bytes");
+    }
+    const auto* S = reinterpret_cast<const float*>(host(src).data());
+    const auto* R = reinterpret_cast<const int32_t*>(host(rows).data());
+    const auto* TB = reinterpret_cast<const int32_t*>(host(tables).data());
+    const size_t n_entries = tables.bytes() / sizeof(int32_t), n_blocks = pool.bytes() / rt.block_bytes;
+    uint8_t* P = host(pool).data();
+    for (int t = 0; t < rt.T; ++t) {
+      const int pos = R[2 * t];
+      const size_t entry = static_cast<size_t>(R[2 * t + 1]) + pos / rt.block_tokens;
+      if (pos < 0 || R[2 * t + 1] < 0 || entry >= n_entries || TB[entry] < 0 ||
+          static_cast<size_t>(TB[entry]) >= n_blocks) {
+        throw std::invalid_argument("cpu kv_store: row " + std::to_string(t) + " has no pool block for position " +
+                                    std::to_string(pos));
+      }
+      for (int h = 0; h < n_kv_head; ++h) {
+        uint8_t* dst = P + TB[entry] * rt.block_bytes + part_offset +
+                       (static_cast<size_t>(h) * rt.block_tokens + pos % rt.block_tokens) * rb;
+        kv_store_row(format, S + (static_cast<size_t>(t) * n_kv_head + h) * head_dim, dst, head_dim);
+      }
+    }
+  }
+
+  void attention_rows(const AttentionShape& s, const Buffer& q, const Buffer& pool, const Buffer& tables,
+                      const Buffer& rows, Buffer& out) override {
+    AttentionShape one = s;
+    one.n_past = s.T;  // check_attention_shape's n_past >= T
+    check_attention_shape(one, pool, "cpu attention_rows");
+    const int hd = s.head_dim, group = s.n_head / s.n_head_kv;
+    const size_t krb = kv_row_bytes(s.k_format, hd), vrb = kv_row_bytes(s.v_format, hd);
+    need(q, sizeof(float) * s.T * s.n_head * hd, "q");
+    need(out, sizeof(float) * s.T * s.n_head * hd, "out");
+    need(rows, sizeof(int32_t) * 2 * s.T, "rows");
+    const auto* Q = reinterpret_cast<const float*>(host(q).data());
+    const auto* R = reinterpret_cast<const int32_t*>(host(rows).data());
+    const auto* TB = reinterpret_cast<const int32_t*>(host(tables).data());
+    auto* O = reinterpret_cast<float*>(host(out).data());
+    const uint8_t* P = host(pool).data();
+    const size_t n_entries = tables.bytes() / sizeof(int32_t), n_blocks = pool.bytes() / s.block_bytes;
+    std::vector<float> kr(hd), vr(hd), sc;
+    for (int t = 0; t < s.T; ++t) {
+      const int pos = R[2 * t], first = R[2 * t + 1];
+      const int lo = s.window > 0 ? std::max(0, pos + 1 - s.window) : 0;
+      auto row = [&](int p, int hk, size_t part, size_t rb) {
+        const size_t entry = static_cast<size_t>(first) + p / s.block_tokens;
+        if (entry >= n_entries || TB[entry] < 0 || static_cast<size_t>(TB[entry]) >= n_blocks) {
+          throw std::invalid_argument("cpu attention_rows: row " + std::to_string(t) + " has no pool block for position " +
+                                      std::to_string(p));
+        }
+        return P + TB[entry] * s.block_bytes + part + (static_cast<size_t>(hk) * s.block_tokens + p % s.block_tokens) * rb;
+      };
+      sc.resize(pos + 1 - lo);
+      for (int h = 0; h < s.n_head; ++h) {
+        const int hk = h / group;
+        const float* qh = Q + (static_cast<size_t>(t) * s.n_head + h) * hd;
+        float mx = -INFINITY;
+        for (int j = lo; j <= pos; ++j) {
+          k_.kv_load_row(s.k_format, row(j, hk, s.k_offset, krb), kr.data(), hd);
+          sc[j - lo] = k_.dot_f32(qh, kr.data(), hd) * s.scale;
+          mx = std::max(mx, sc[j - lo]);
+        }
+        const float sum = k_.exp_sum(sc.data(), pos + 1 - lo, mx);
+        float* oh = O + (static_cast<size_t>(t) * s.n_head + h) * hd;
+        std::fill(oh, oh + hd, 0.0f);
+        for (int j = lo; j <= pos; ++j) {
+          k_.kv_load_row(s.v_format, row(j, hk, s.v_offset, vrb), vr.data(), hd);
+          k_.axpy_f32(sc[j - lo] / sum, vr.data(), oh, hd);
+        }
+      }
+    }
+  }
+
  private:
   const Kernels& k_;
 };

@@ -206,6 +206,51 @@ void test_level(const Kernels& k, const Kernels& ref) {
   }
   const KvFormat fmts[] = {KvFormat::F32, KvFormat::F16, KvFormat::Q8_0, KvFormat::Q8_HEAD, KvFormat::Q4_0};
   for (KvFormat f : fmts) {
+    // Group sizes and row counts the bodies specialise on: G 1-8 compile-time, 12 run-time;
+    // 8-row score groups plus a tail (21); head dims with a Q4_0 block pair and an odd block (96).
+    for (const int hd : {64, 96, 128}) {
+      for (const int G : {1, 2, 4, 5, 7, 8, 12}) {
+        const int cnt = 21, ld = 24;
+        const size_t rb = kv_row_bytes(f, hd);
+        std::vector<uint8_t> rows(rb * cnt);
+        for (int j = 0; j < cnt; ++j) {
+          auto x = randn(rng, hd, 1.0f);
+          kv_store_row(f, x.data(), rows.data() + j * rb, hd);
+        }
+        auto q = randn(rng, static_cast<size_t>(G) * hd, 1.0f);
+        std::vector<BlockQ8A> qq(static_cast<size_t>(G) * hd / kQK);
+        for (int g = 0; g < G; ++g) {
+          if (f == KvFormat::Q8_HEAD) {
+            quantize_head(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+          } else {
+            ref.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+          }
+        }
+        std::vector<float> s1(G * ld, NAN), s2(G * ld, NAN);
+        k.attn_scores(f, rows.data(), rb, cnt, q.data(), qq.data(), G, hd, s1.data(), ld);
+        ref.attn_scores(f, rows.data(), rb, cnt, q.data(), qq.data(), G, hd, s2.data(), ld);
+        bool ok = true;
+        for (int g = 0; g < G; ++g) {
+          for (int j = 0; j < ld; ++j) {
+            const size_t i = static_cast<size_t>(g) * ld + j;
+            ok = ok && (j < cnt ? close(s1[i], s2[i], 2.0 * hd, 1e-5) : std::isnan(s1[i]));
+          }
+        }
+        const std::string shape = " G=" + std::to_string(G) + " hd=" + std::to_string(hd) + " cnt=21";
+        check(ok, L + " attn_scores " + kv_format_name(f) + shape);
+        std::vector<float> w(G * ld), a1(G * hd), a2;
+        for (auto& x : w) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+        for (auto& x : a1) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+        a2 = a1;
+        k.attn_accum(f, rows.data(), rb, cnt, w.data(), ld, a1.data(), G, hd);
+        ref.attn_accum(f, rows.data(), rb, cnt, w.data(), ld, a2.data(), G, hd);
+        ok = true;
+        for (int i = 0; i < G * hd; ++i) ok = ok && close(a1[i], a2[i], std::fabs(a2[i]) + 4.0 * cnt, 1e-5);
+        check(ok, L + " attn_accum " + kv_format_name(f) + shape);
+      }
+    }
+  }
+  for (KvFormat f : fmts) {
     const int hd = 64, cnt = 5;
     const size_t rb = kv_row_bytes(f, hd);
     std::vector<uint8_t> rows(rb * cnt);

@@ -24,7 +24,7 @@ from swarm.v1 import swarm_pb2_grpc as pb_grpc
 SERVICE = pb.DESCRIPTOR.services_by_name["SwarmService"].full_name
 HEARTBEAT_S = 5.0  # WatchPlacement sends fresh numbers at least this often, even with no change
 # Placement fields that change all the time: a change in them alone is not a new placement.
-_LIVE_FIELDS = ("measured_tokens_per_s", "kv_bytes_used", "kv_bytes_reserved", "queue_depth")
+_LIVE_FIELDS = ("measured_tokens_per_s", "kv_bytes_used", "kv_bytes_reserved", "queue_depth", "sessions", "lifecycle")
 
 
 def _unary(fn: Callable[..., Any]) -> Callable[..., Any]:

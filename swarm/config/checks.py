@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from swarm.config.definition import LIMITS, SwarmConfig, show
+from swarm.config.definition import LIMITS, SwarmConfig, Worker, show
 from swarm.errors import ConfigError
 from worker.formats import KV_FORMATS
 
@@ -20,6 +20,20 @@ def _check_name(value: str, path: str) -> None:
             f"{show(value)} is not a usable name",
             "use 1-63 letters, digits, '-', '_' or '.', starting with a letter or digit",
         )
+
+
+def _check_backend(w: Worker, p: str) -> None:
+    """What a config alone can tell about a worker's backend (the devices themselves: swarm.planning)."""
+    if w.backend == "vulkan" and w.kind == "virtual":
+        raise ConfigError(
+            f"{p}.backend", "vulkan is set on a virtual worker (a catalog device emulated on this CPU)",
+            "use kind: local with backend: vulkan to run on this host's GPU, or drop backend",
+        )  # fmt: skip
+    if w.kind == "local" and w.backend == "vulkan" and w.device is not None and not isinstance(w.device, int):
+        raise ConfigError(
+            f"{p}.device", f"{show(w.device)} is not a Vulkan device index",
+            "give the index `swarm devices` lists (vulkan:<index>), e.g. device: 0",
+        )  # fmt: skip
 
 
 def cross_check(cfg: SwarmConfig) -> None:
@@ -73,9 +87,15 @@ def cross_check(cfg: SwarmConfig) -> None:
         p = f"workers[{i}]"
         if w.name in wnames[:i]:
             raise ConfigError(f"{p}.name", f"'{w.name}' repeats", "give every worker a unique name")
-        if w.kind == "local" and w.device is not None:
+        _check_backend(w, p)
+        if w.kind == "local" and w.device is not None and w.backend == "cpu":
             raise ConfigError(f"{p}.device", "is set on a local worker", "drop it, or use kind: virtual")
         if w.kind != "local":
+            if isinstance(w.device, int):
+                raise ConfigError(
+                    f"{p}.device", f"{w.device} is a Vulkan device index; a {w.kind} worker names a catalog device",
+                    f"name one of {', '.join(catalog)}, or use kind: local with backend: vulkan",
+                )  # fmt: skip
             if w.device is None:
                 raise ConfigError(f"{p}.device", "is missing", f"name a catalog device: {', '.join(catalog)}")
             if w.device not in catalog:

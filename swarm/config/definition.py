@@ -125,7 +125,21 @@ class Worker:
             "cap; cluster: a Ray node offering resource device:<device>"
         ),
     )
-    device: str | None = field(default=None, metadata=_doc("catalog id (configs/devices.yaml); not for local"))
+    device: str | int | None = field(
+        default=None,
+        metadata=_doc(
+            "virtual / cluster: a catalog id (configs/devices.yaml); local with backend vulkan: the Vulkan device "
+            "index `swarm devices` lists (default 0)",
+            min=0,
+        ),
+    )
+    backend: Literal["cpu", "vulkan"] = field(
+        default="cpu",
+        metadata=_doc(
+            "local / cluster: where the engine runs: cpu, or vulkan (a GPU through Vulkan; the module must be built "
+            "with it: `swarm devices`)"
+        ),
+    )
     memory: Bytes | None = field(default=None, metadata=_doc("memory cap for weights + scratch + KV, e.g. 2GiB"))
     calibration: Literal["full", "quick", "catalog"] = field(
         default="full", metadata=_doc("local workers: full or quick measurement; catalog: predict from bandwidth")
@@ -137,6 +151,18 @@ class Worker:
             "calibration cache file) instead of measuring"
         ),
     )
+
+    @property
+    def vulkan_index(self) -> int:
+        """backend vulkan: the Vulkan device the engine runs on (a local worker's `device`, default 0)."""
+        return self.device if isinstance(self.device, int) else 0
+
+    @property
+    def device_label(self) -> str:
+        """The catalog id (virtual, cluster), "vulkan:<index>" (a local GPU worker) or "local"."""
+        if isinstance(self.device, str):
+            return self.device
+        return f"vulkan:{self.vulkan_index}" if self.backend == "vulkan" else "local"
 
 
 @dataclass(frozen=True)
@@ -179,6 +205,31 @@ class Model:
 
 EngineOptions = EngineSettings  # the config's `engine:` section is the engine's settings
 
+PARK_DISK_BYTES = 2 << 30  # a worker's default disk budget for parked sessions: 2 GiB (a few thousand contexts)
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """What a worker does with an agent's KV between its turns (docs/RELIABILITY.md, "Session lifecycle")."""
+
+    policy: Literal["measured", "drop"] = field(
+        default="measured",
+        metadata=_doc(
+            "measured: keep, park (host RAM or disk) or drop an idle session's KV, whichever its measured costs "
+            "and expected pause favour; drop: free it when space is needed and re-prefill the next turn"
+        ),
+    )
+    park_dir: str | None = field(
+        default=None, metadata=_doc("where parked sessions go (default: $KVSWARM_CACHE/park/<swarm>/<worker>)")
+    )
+    park_disk_bytes: Bytes = field(
+        default=Bytes(PARK_DISK_BYTES),
+        metadata=_doc("disk budget per worker for parked sessions; the oldest are dropped first (e.g. 2GiB)"),
+    )
+    park_ram_bytes: Bytes | None = field(
+        default=None, metadata=_doc("host memory per worker for parked sessions (default: a share of what is free)")
+    )
+
 
 @dataclass(frozen=True)
 class SwarmConfig:
@@ -190,4 +241,7 @@ class SwarmConfig:
     model: Model = field(default_factory=Model, metadata=_doc("the model every worker runs"))
     policy: Policy = field(default_factory=Policy, metadata=_doc("allowed KV formats and objective"))
     engine: EngineOptions = field(default_factory=EngineOptions, metadata=_doc("engine settings"))
+    lifecycle: Lifecycle = field(
+        default_factory=Lifecycle, metadata=_doc("idle sessions' KV: kept, parked, shipped on moves, or dropped")
+    )
     output_dir: str = field(default="runs", metadata=_doc("where transcripts and the run summary go"))

@@ -47,6 +47,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if int in inner and str in inner:  # `str | int`: an integer stays one, anything else must be a string
+            return _convert(int if isinstance(value, int) and not isinstance(value, bool) else str, value, path)
         return _convert(inner[0], value, path)
     if origin is Literal:
         if not isinstance(value, str) or value not in args:

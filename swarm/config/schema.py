@@ -17,7 +17,7 @@ def _schema(tp: Any, meta: Any = None) -> dict[str, Any]:
     out: dict[str, Any]
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        out = {"anyOf": [_schema(inner[0], meta), {"type": "null"}]}
+        out = {"anyOf": [*(_schema(a, meta) for a in inner[: 2 if {int, str} <= set(inner) else 1]), {"type": "null"}]}
     elif origin is Literal:
         out = {"enum": list(args)}
     elif origin is tuple:

@@ -35,6 +35,7 @@ from swarm.planner.calibration import (
     QualityFloor,
 )
 from swarm.planner.geometry import ModelGeometry, scratch_bytes
+from swarm.planner.parked import ParkedAgent, ParkedOnWorker, parked_bytes
 from swarm.planner.request import AgentGroup, Policy
 from swarm.planner.result import FormatOption, GroupOnWorker, Plan, WorkerPlan, render_table
 from swarm.planner.search import plan
@@ -54,6 +55,8 @@ __all__ = [
     "GroupOnWorker",
     "Interval",
     "ModelGeometry",
+    "ParkedAgent",
+    "ParkedOnWorker",
     "Plan",
     "Policy",
     "Quality",
@@ -63,6 +66,7 @@ __all__ = [
     "build_plan",
     "kv_row_bytes",
     "pair_name",
+    "parked_bytes",
     "parse_pair",
     "plan",
     "render_table",

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from swarm.planner.calibration import Interval
+from swarm.planner.parked import ParkedOnWorker
 from worker.formats import pair_name
 from worker.settings import EngineSettings
 
@@ -80,6 +81,8 @@ class Plan:
     agents: int
     search: str  # "exact", "greedy", "greedy+local"
     tokens_per_s_interval: Interval = (0.0, 0.0)  # sum of the workers' lows and highs
+    # agents parked in host RAM or on disk (not in `agents`: they take no KV reservation), per worker
+    parked: tuple[ParkedOnWorker, ...] = ()
 
     def worker(self, name: str) -> WorkerPlan:
         for w in self.workers:
@@ -102,10 +105,30 @@ class Plan:
 
     def explain(self) -> str:
         span = _tps_range(self.tokens_per_s_interval)
-        return "\n\n".join(_explain_worker(w) for w in self.workers if w.agents) + (
-            f"\n\nTotal: {self.agents} agents, predicted {self.tokens_per_s:,.1f} decode tokens/s "
-            f"{f'(interval {span}) ' if span else ''}at their reserved contexts (search: {self.search})."
+        return (
+            "\n\n".join(_explain_worker(w) for w in self.workers if w.agents)
+            + (
+                f"\n\nTotal: {self.agents} agents, predicted {self.tokens_per_s:,.1f} decode tokens/s "
+                f"{f'(interval {span}) ' if span else ''}at their reserved contexts (search: {self.search})."
+            )
+            + (f"\n\n{explain_parked(self.parked)}" if self.parked else "")
         )
+
+
+def explain_parked(parked: tuple[ParkedOnWorker, ...]) -> str:
+    """The parked agents in words: how many, where, and why they take no device KV."""
+    n = sum(len(p.agents) for p in parked)
+    ram, disk = sum(p.ram_bytes for p in parked), sum(p.disk_bytes for p in parked)
+    lines = [
+        f"Parked: {n} agents hold {_gb(ram)} of KV in host RAM and {_gb(disk)} on disk. That is host memory, not "
+        "device memory: they take no KV reservation and are not among the agents above; a parked agent's next "
+        "turn restores its KV (or re-prefills it, whichever its worker measured faster) into blocks the worker "
+        "frees by parking the idle session of least value."
+    ]
+    for p in parked:
+        lines.append(f"  {p.worker}: {len(p.agents)} parked ({_gb(p.ram_bytes)} RAM, {_gb(p.disk_bytes)} disk): "
+                     + ", ".join(p.agents))  # fmt: skip
+    return "\n".join(lines)
 
 
 def _gb(n: float) -> str:
@@ -139,6 +162,10 @@ def render_table(p: Plan) -> str:
     )
     if any(w.source != "measured" for w in p.workers):
         rows.append("* predicted from catalog (bandwidth only), not measured on the device")
+    if p.parked:
+        n = sum(len(x.agents) for x in p.parked)
+        ram, disk = sum(x.ram_bytes for x in p.parked), sum(x.disk_bytes for x in p.parked)
+        rows.append(f"parked: {n} agents, {_gb(ram)} in host RAM + {_gb(disk)} on disk (no KV reservation)")
     rows.append("interval: predicted tokens/s from the low and high ends of the calibration's intervals")
     rows.append("crossover: context per agent at which private KV bytes read per step equal the weight bytes")
     return "\n".join(rows)

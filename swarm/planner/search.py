@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -14,6 +15,7 @@ from swarm.planner.build import build_plan, why_nothing_fits
 from swarm.planner.calibration import DeviceProfile, Quality
 from swarm.planner.evaluate import _Model
 from swarm.planner.geometry import ModelGeometry
+from swarm.planner.parked import ParkedAgent, parked_by_worker, resident_groups
 from swarm.planner.request import AgentGroup, Policy
 from swarm.planner.result import Plan
 from worker.formats import KV_FORMATS
@@ -200,15 +202,20 @@ def plan(
     settings: EngineSettings | None = None,
     quality: dict[str, Quality] | None = None,
     search: str = "auto",
+    parked: Sequence[ParkedAgent] = (),
 ) -> Plan:
     """Assigns every agent to a worker and a (K, V) format to every worker.
 
     search: "auto" (exhaustive when small, else greedy + local search),
     "exact", "greedy" (greedy placement only) or "greedy+local".
+    parked: agents (counted in `groups`) whose KV is parked in host RAM or on disk: they take no KV
+    reservation, and the plan reports their host bytes per worker (swarm/planner/parked.py).
     Raises NoFeasiblePlan, saying what would fit, when the agents cannot all be placed.
     """
     policy = policy or Policy()
     settings = settings or EngineSettings()
+    if parked:
+        groups = resident_groups(groups, parked)
     _validate(geom, devices, groups, policy, settings, search)
     m = _Model(geom, devices, groups, policy, settings, quality or {})
     shape = (len(devices), len(groups))
@@ -223,7 +230,8 @@ def plan(
         )
     if counts is None:
         raise NoFeasiblePlan(why_nothing_fits(m))
-    return build_plan(m, counts, used)
+    out = build_plan(m, counts, used)
+    return dataclasses.replace(out, parked=parked_by_worker(geom, parked)) if parked else out
 
 
 def _validate(

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 def apply_change(run: SwarmRun, plan: Plan, change: PlacementChange, reason: str) -> None:
     """stop -> agents leave -> resize (a failed resize restarts the worker) -> start -> agents arrive -> reserve."""
     sched = run.sched
+    shipping = run._ship_out(change)  # moving agents' KV, exported before anything stops (placer.py)
     for s in change.stop:
         run._lose_sessions(s.worker, s.reason)
         sched.forget(s.worker)
@@ -58,5 +59,6 @@ def apply_change(run: SwarmRun, plan: Plan, change: PlacementChange, reason: str
                 a.moved_from = None
             if a.turn is not None:  # resume the turn from the history, on the new worker
                 run._resume(a)
+    run._ship_in(shipping)  # the exports' refs to the arrived agents' new workers, before their next turn
     for w in dict.fromkeys((*change.reserve, *restarted)):
         sched.reserve(w, change.reservations[w])

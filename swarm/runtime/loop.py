@@ -66,6 +66,7 @@ class SwarmRun(TurnsMixin, PlacerMixin, AdmissionMixin, RecordMixin, ReportMixin
         self.devices = {d.name: d for d in inputs.devices}
         self.worker_cfg = {w.name: w for w in cfg.workers}
         self.missing: set[str] = set()  # cluster workers whose device no node offers yet
+        self.drained: set[str] = set()  # workers drained on purpose (drain()): not planned until undrain()
         self.plan: planner.Plan | None = None
         self.initial_plan: planner.Plan | None = None
         self.events: list[dict[str, Any]] = []
@@ -237,5 +238,6 @@ class SwarmRun(TurnsMixin, PlacerMixin, AdmissionMixin, RecordMixin, ReportMixin
 
     def _event(self, kind: str, **data: Any) -> None:
         self.events.append({"event": kind, "t": round(time.time() - self.started, 3), **data})
-        if kind in ("moved", "worker_lost", "worker_joined", "context_capped") and not self.live:
+        if kind in ("moved", "worker_lost", "worker_joined", "context_capped", "shipped", "ship_failed") and \
+                not self.live:  # fmt: skip
             self.echo(f"[{kind}] " + ", ".join(f"{k}={v}" for k, v in data.items() if k != "plan"))

@@ -6,10 +6,13 @@ import contextlib
 import dataclasses
 import math
 import time
+from pathlib import Path
+from typing import Any
 
 from swarm import planner, scheduler
 from swarm.errors import (
     NoFeasiblePlan,
+    NotFound,
     SwarmError,
 )
 from swarm.planning import trusted_calibration
@@ -55,11 +58,24 @@ class PlacerMixin:
         e = self.cfg.engine
         cal = "catalog" if w.kind == "virtual" or w.calibration_file else w.calibration  # catalog: the plan's costs
         return WorkerSpec(
-            name=wp.worker, kind=w.kind, device=w.device or "local", model=str(self.inputs.model_path),
+            name=wp.worker, kind=w.kind, device=w.device_label, model=str(self.inputs.model_path),
+            backend=w.backend, device_index=w.vulkan_index,
             kv_k=wp.kv_k, kv_v=wp.kv_v, kv_budget_bytes=placing.kv_budget(wp),
             threads=e.threads, block_tokens=e.block_tokens, max_batch_tokens=e.max_batch_tokens,
             calibration=cal, swarm=self.cfg.name, agents=scheduler.compact_names(agents),
+            **self._lifecycle_spec(wp.worker),
         )  # fmt: skip
+
+    def _lifecycle_spec(self, worker: str) -> dict[str, Any]:
+        """The config's lifecycle section as WorkerSpec fields; a configured park_dir gets a folder per worker (a
+        restarted worker finds its own parked sessions there, and no other worker's)."""
+        life = self.cfg.lifecycle
+        out: dict[str, Any] = {"lifecycle": life.policy, "park_disk_bytes": int(life.park_disk_bytes)}
+        if life.park_dir is not None:
+            out["park_dir"] = str(Path(life.park_dir).expanduser() / self.cfg.name / worker)
+        if life.park_ram_bytes is not None:
+            out["park_ram_bytes"] = int(life.park_ram_bytes)
+        return out
 
     def current(self) -> placing.Current:
         """What runs now, as a value: the swarm's workers and where its unfinished agents are."""
@@ -104,10 +120,75 @@ class PlacerMixin:
             return a.context == new
 
     def _placeable(self) -> list[str]:
-        """Workers a re-plan may use: the live ones and the configured ones not missing whose restart is due."""
+        """Workers a re-plan may use: the live ones and the configured ones not missing whose restart is due
+        (a drained worker is used again only after undrain)."""
         now = time.monotonic()
         live = set(self.sched.live_workers())
-        return [d for d in self.devices if d in live or (d not in self.missing and self._restart_at.get(d, 0) <= now)]
+        return [d for d in self.devices if d not in self.drained
+                and (d in live or (d not in self.missing and self._restart_at.get(d, 0) <= now))]  # fmt: skip
+
+    # -- planned moves: drain, and the KV that travels with them ------------------------------------
+    def drain(self, worker: str, reason: str = "") -> None:
+        """A planned move off `worker` (maintenance, scale-in): the agents are re-planned over the other workers,
+        their KV shipped through Ray's object store, and the worker stops. NoFeasiblePlan (nothing changes) when
+        the other workers cannot hold every agent."""
+        if worker not in self.devices:
+            raise NotFound(f"worker {worker!r} is not in swarm {self.cfg.name}; its workers: {', '.join(self.devices)}")
+        with self.lock:
+            self.drained.add(worker)
+            try:
+                self.place(self._placeable(), reason or f"drain {worker}")
+            except NoFeasiblePlan:
+                self.drained.discard(worker)
+                raise
+            self._event("drained", worker=worker)
+
+    def undrain(self, worker: str) -> None:
+        """Lets a drained worker take agents again (at the next placement)."""
+        with self.lock:
+            self.drained.discard(worker)
+
+    def _ship_out(self, change: placing.PlacementChange) -> dict[str, tuple[str, str, Any]]:
+        """Before any worker stops or any agent leaves: each moving agent's source exports its session, and the
+        exports are awaited (not fetched). {agent: (source, destination, ObjectRef of the snapshot)}.
+
+        Only an agent between turns ships: its source holds exactly its history. One with a turn in flight
+        resumes by re-prefill on its new worker, as before."""
+        out: dict[str, tuple[str, str, Any]] = {}
+        for m in change.moves:
+            a = self.agents.get(m.agent)
+            if m.src is None or m.dst is None or a is None or a.finished or a.turn is not None or not a.synced:
+                continue
+            if a.worker != m.src or not a.history or m.src not in self.sched.live_workers():
+                continue
+            with contextlib.suppress(scheduler.WorkerLost):  # a source that died ships nothing
+                out[m.agent] = (m.src, m.dst, self.sched.export_ref(m.src, m.agent))
+        ready = self.sched.wait_exports([ref for _, _, ref in out.values()])
+        for name, (src, dst, ref) in list(out.items()):
+            if ref not in ready:
+                why = f"the export did not finish within {scheduler.CALL_TIMEOUT_S:.0f} s; re-prefilled"
+                self._event("ship_failed", agent=name, src=src, dst=dst, why=why)
+                del out[name]
+        return out
+
+    def _ship_in(self, shipping: dict[str, tuple[str, str, Any]]) -> None:
+        """After the destinations started: each export's ref goes straight to its destination's import. A ship
+        that fails (the source died, the destination refused it) is an event, and the agent's next turn
+        re-prefills its history there: never a lost job."""
+        for name, (src, dst, ref) in shipping.items():
+            a = self.agents[name]
+            if a.finished or a.worker != dst:
+                continue
+            try:
+                got = self.sched.ship(dst, name, ref)
+            except (scheduler.WorkerLost, scheduler.CallRefused) as e:
+                got = {"imported": False, "why": str(e)[:300]}
+            if got.get("imported"):
+                self._event("shipped", agent=name, src=src, dst=dst, bytes=int(got.get("bytes", 0)),
+                            tokens=len(a.history))  # fmt: skip
+            else:
+                why = f"{got.get('why', 'refused')}; its next turn re-prefills {len(a.history)} tokens"
+                self._event("ship_failed", agent=name, src=src, dst=dst, why=why)
 
     def _owe_placement(self, reason: str, after_s: float = 0.0) -> None:
         """Agents wait unplaced (their jobs queue) until the next tick that places them."""

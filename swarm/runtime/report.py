@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from swarm.planner.parked import ParkedAgent, parked_by_worker
+from swarm.planner.result import explain_parked
 from swarm.runtime.names import agent_key as _agent_key
 
 
@@ -72,11 +75,33 @@ class ReportMixin:
                     "predicted_tokens_per_s": wp.tokens_per_s if wp else 0.0,
                     "measured_tokens_per_s": float(st.get("tokens_per_s", 0.0)),
                     "queue_depth": int(st.get("queue_depth", 0)),
+                    "sessions": session_states(st.get("sessions")),
+                    "lifecycle": lifecycle_view(st.get("lifecycle"), h.spec),
                 })  # fmt: skip
             result = {"swarm": self.cfg.name, "generation": self.generation, "workers": out}
             if self.generation == generation:  # the states belong to this placement
                 self._placement_cache = (time.monotonic(), self.generation, result)
             return result
+
+    def parked_agents(self, states: dict[str, Any]) -> list[ParkedAgent]:
+        """The agents the workers report parked (their KV in host RAM or on disk), as the planner's values."""
+        out = []
+        for w, st in states.items():
+            if not isinstance(st, dict) or not isinstance(st.get("sessions"), dict):
+                continue
+            for name, x in st["sessions"].items():
+                a = self.agents.get(name)
+                if a is None or x.get("state") != "parked" or x.get("where") not in ("ram", "disk"):
+                    continue
+                out.append(ParkedAgent(name=name, group=str(a.planner_group), worker=w, tokens=int(x.get("tokens", 0)),
+                                       kv_k=st["kv_k"], kv_v=st["kv_v"], where=x["where"]))  # fmt: skip
+        return out
+
+    def parked_summary(self, states: dict[str, Any]) -> dict[str, Any]:
+        """The parked agents' host bytes per worker and tier, and the words for them (the plan's accounting)."""
+        by_worker = parked_by_worker(self.inputs.geometry, self.parked_agents(states))
+        return {"workers": [dataclasses.asdict(p) for p in by_worker],
+                "explanation": explain_parked(by_worker) if by_worker else "no agent is parked"}  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         with self.lock:
@@ -127,9 +152,71 @@ class ReportMixin:
                 for a in self.agents.values()
             },  # fmt: skip
             "events": self.events,
+            "lifecycle": {w: lifecycle_view(st.get("lifecycle"), None) for w, st in states.items()},
+            "parked": self.parked_summary(states),
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
+
+
+STATES = ("active", "idle", "parked", "dropped")  # a session's lifecycle states (worker/lifecycle.py)
+
+# the worker's lifecycle counters (EngineWorker.state()["lifecycle"]) exported as Ray counters: {name: help}
+LIFECYCLE_COUNTERS = {
+    "restores": "sessions restored from a park (RAM or disk) instead of re-prefilled",
+    "ships_in": "sessions whose KV arrived from another worker",
+    "ships_out": "sessions whose KV was exported to another worker",
+    "reprefill_tokens": "tokens re-prefilled because a session's KV was gone",
+    "reprefill_tokens_saved": "tokens not re-prefilled because a session's KV was kept, restored or shipped",
+}
+
+
+def lifecycle_numbers(life: Any) -> dict[str, int]:
+    """The byte gauges and counters of a worker's state()["lifecycle"] as ints (0 for any it does not report):
+    restores summed over the tiers, ships split in and out."""
+    life = life if isinstance(life, dict) else {}
+    ships = life.get("ships") if isinstance(life.get("ships"), dict) else {}
+    raw = {
+        "idle_bytes": life.get("idle_bytes"),
+        "parked_ram_bytes": life.get("parked_ram_bytes"),
+        "parked_disk_bytes": life.get("parked_disk_bytes"),
+        "restores": life.get("restores"),
+        "ships_in": ships.get("in"),
+        "ships_out": ships.get("out"),
+        "reprefill_tokens": life.get("reprefilled_tokens"),
+        "reprefill_tokens_saved": life.get("reprefill_tokens_saved"),
+    }
+    out = {}
+    for key, v in raw.items():
+        if isinstance(v, dict):  # per tier ({"ram": n, "disk": m}): the total
+            v = sum(x for x in v.values() if isinstance(x, int | float))
+        out[key] = int(v) if isinstance(v, int | float) else 0
+    return out
+
+
+def session_states(sessions: Any) -> list[dict[str, Any]]:
+    """A worker's state()["sessions"] ({session: {"state", "where", "kv_bytes", "tokens"}}) as the API's list,
+    in agent order. A worker that reports only names (no lifecycle) holds them in its pool."""
+    if isinstance(sessions, dict):
+        items = sessions.items()
+    else:
+        items = ((name, {"state": "active", "where": "pool"}) for name in sessions or ())
+    out = []
+    for name, s in sorted(items, key=lambda kv: _agent_key(kv[0])):
+        s = s if isinstance(s, dict) else {}
+        out.append({"agent": str(name), "state": str(s.get("state", "")), "where": str(s.get("where", "")),
+                    "kv_bytes": int(s.get("kv_bytes", 0)), "tokens": int(s.get("tokens", 0))})  # fmt: skip
+    return out
+
+
+def lifecycle_view(life: Any, spec: Any) -> dict[str, Any]:
+    """A worker's state()["lifecycle"] as the API's Lifecycle: counts per state, bytes, restores, ships."""
+    life = life if isinstance(life, dict) else {}
+    counts = life.get("counts") if isinstance(life.get("counts"), dict) else life
+    out: dict[str, Any] = {"policy": str(life.get("policy", getattr(spec, "lifecycle", "")))}
+    out.update({state: int(counts.get(state, 0)) for state in STATES})
+    out.update(lifecycle_numbers(life))
+    return out
 
 
 def summary_table(summary: dict[str, Any]) -> str:

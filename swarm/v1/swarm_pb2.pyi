@@ -277,7 +277,7 @@ class GetPlacementRequest(_message.Message):
     def __init__(self, swarm: _Optional[str] = ...) -> None: ...
 
 class WorkerPlacement(_message.Message):
-    __slots__ = ("worker", "device", "kind", "kv_k", "kv_v", "agents", "kv_bytes_budget", "kv_bytes_reserved", "kv_bytes_used", "predicted_tokens_per_s", "measured_tokens_per_s", "node_id", "queue_depth", "alive")
+    __slots__ = ("worker", "device", "kind", "kv_k", "kv_v", "agents", "kv_bytes_budget", "kv_bytes_reserved", "kv_bytes_used", "predicted_tokens_per_s", "measured_tokens_per_s", "node_id", "queue_depth", "alive", "sessions", "lifecycle")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,8 @@ class WorkerPlacement(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
     worker: str
     device: str
     kind: str
@@ -306,7 +308,53 @@ class WorkerPlacement(_message.Message):
     node_id: str
     queue_depth: int
     alive: bool
-    def __init__(self, worker: _Optional[str] = ..., device: _Optional[str] = ..., kind: _Optional[str] = ..., kv_k: _Optional[str] = ..., kv_v: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., kv_bytes_budget: _Optional[int] = ..., kv_bytes_reserved: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., predicted_tokens_per_s: _Optional[float] = ..., measured_tokens_per_s: _Optional[float] = ..., node_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., alive: _Optional[bool] = ...) -> None: ...
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionState]
+    lifecycle: Lifecycle
+    def __init__(self, worker: _Optional[str] = ..., device: _Optional[str] = ..., kind: _Optional[str] = ..., kv_k: _Optional[str] = ..., kv_v: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., kv_bytes_budget: _Optional[int] = ..., kv_bytes_reserved: _Optional[int] = ..., kv_bytes_used: _Optional[int] = ..., predicted_tokens_per_s: _Optional[float] = ..., measured_tokens_per_s: _Optional[float] = ..., node_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., alive: _Optional[bool] = ..., sessions: _Optional[_Iterable[_Union[SessionState, _Mapping]]] = ..., lifecycle: _Optional[_Union[Lifecycle, _Mapping]] = ...) -> None: ...
+
+class SessionState(_message.Message):
+    __slots__ = ("agent", "state", "where", "kv_bytes", "tokens")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    agent: str
+    state: str
+    where: str
+    kv_bytes: int
+    tokens: int
+    def __init__(self, agent: _Optional[str] = ..., state: _Optional[str] = ..., where: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class Lifecycle(_message.Message):
+    __slots__ = ("policy", "active", "idle", "parked", "dropped", "idle_bytes", "parked_ram_bytes", "parked_disk_bytes", "restores", "ships_in", "ships_out", "reprefill_tokens", "reprefill_tokens_saved")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    IDLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARKED_RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARKED_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
+    SHIPS_IN_FIELD_NUMBER: _ClassVar[int]
+    SHIPS_OUT_FIELD_NUMBER: _ClassVar[int]
+    REPREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPREFILL_TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    active: int
+    idle: int
+    parked: int
+    dropped: int
+    idle_bytes: int
+    parked_ram_bytes: int
+    parked_disk_bytes: int
+    restores: int
+    ships_in: int
+    ships_out: int
+    reprefill_tokens: int
+    reprefill_tokens_saved: int
+    def __init__(self, policy: _Optional[str] = ..., active: _Optional[int] = ..., idle: _Optional[int] = ..., parked: _Optional[int] = ..., dropped: _Optional[int] = ..., idle_bytes: _Optional[int] = ..., parked_ram_bytes: _Optional[int] = ..., parked_disk_bytes: _Optional[int] = ..., restores: _Optional[int] = ..., ships_in: _Optional[int] = ..., ships_out: _Optional[int] = ..., reprefill_tokens: _Optional[int] = ..., reprefill_tokens_saved: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("swarm", "workers", "generation")

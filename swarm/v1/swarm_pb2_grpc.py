@@ -156,7 +156,8 @@ class SwarmServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetPlacement(self, request, context):
-        """Per worker: device, KV formats, agents, KV bytes reserved and used, tokens/s predicted and measured.
+        """Per worker: device, KV formats, agents, KV bytes reserved and used, tokens/s predicted and measured, and each
+        session's lifecycle state (active, idle, parked, dropped) with where its KV lives.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -6,6 +6,7 @@
 #include "vulkan_backend.h"
 
 #include <algorithm>
+#include <chrono>  // H4TEMP
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -29,8 +30,11 @@ constexpr uint32_t kPushBytes = 64;                 // largest push-constant blo
 constexpr uint32_t kMaxGroups = 65535;              // maxComputeWorkGroupCount guaranteed per axis
 constexpr size_t kStagingChunk = size_t{64} << 20;  // bytes per staging copy
 constexpr uint32_t kMatmulRowsPerPass = 8;          // ROWS_PER_PASS in matmul.comp
+constexpr uint32_t kMatmulSgThreads = 256;          // THREADS in matmul.comp's SUBGROUP variant
 constexpr uint32_t kGatedThreads = 256;             // THREADS in gated.comp
-constexpr uint32_t kRopeThreads = 64;               // local_size_x in rope.comp
+constexpr uint32_t kRopeThreads = 64;               // local_size_x in rope.comp and rope_table.comp
+constexpr uint32_t kAddThreads = 256;               // THREADS in add.comp
+constexpr uint32_t kKvStoreThreads = 64;            // THREADS in kv_store.comp
 constexpr int kAttentionMaxHeadDim = 256;           // MAX_HEAD_DIM in attention.comp
 constexpr uint32_t kVendorMesa = 0x10005;           // VK_VENDOR_ID_MESA
 constexpr uint32_t kVendorNvidia = 0x10DE;
@@ -234,6 +238,9 @@ VulkanDeviceInfo describe(const Instance& inst, int index) {
   }
   info.memory_budget_ext = budget_ext;
   info.subgroup_size = subgroup.subgroupSize;
+  info.subgroup_arithmetic = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                             (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
+                             subgroup.subgroupSize >= 1 && subgroup.subgroupSize <= kMatmulSgThreads;
   info.shader_int8 = int8_ext && f16i8.shaderInt8 == VK_TRUE;
   info.shader_float16 = int8_ext && f16i8.shaderFloat16 == VK_TRUE;
   info.integer_dot_product = dot_ext && dot_feats.shaderIntegerDotProduct == VK_TRUE;
@@ -326,7 +333,9 @@ struct Pipeline {
 
 // Storage buffers each shader binds (binding 0 .. n-1), by shader name.
 uint32_t shader_bindings(const std::string& name) {
-  if (name == "rope") return 2;
+  if (name == "rope" || name == "rope_table" || name == "add") return 2;
+  if (name == "kv_store") return 4;
+  if (name.rfind("attnrows_", 0) == 0) return 5;
   if (name.rfind("attention_", 0) == 0) return 4;
   return 3;  // matmul_*, rms_norm, gated
 }
@@ -343,6 +352,27 @@ const char* matmul_shader(GgmlType type) {
       return "matmul_q4_1";
     case GgmlType::Q8_0:
       return "matmul_q8_0";
+    // matmul_kquant.comp (h5): the newer formats.
+    case GgmlType::Q5_0:
+      return "matmul_q5_0";
+    case GgmlType::Q5_1:
+      return "matmul_q5_1";
+    case GgmlType::Q2_K:
+      return "matmul_q2_k";
+    case GgmlType::Q3_K:
+      return "matmul_q3_k";
+    case GgmlType::Q4_K:
+      return "matmul_q4_k";
+    case GgmlType::Q5_K:
+      return "matmul_q5_k";
+    case GgmlType::Q6_K:
+      return "matmul_q6_k";
+    case GgmlType::IQ4_NL:
+      return "matmul_iq4_nl";
+    case GgmlType::IQ4_XS:
+      return "matmul_iq4_xs";
+    case GgmlType::BF16:
+      return "matmul_bf16";
     default:
       return nullptr;
   }
@@ -411,6 +441,7 @@ class VulkanBackend : public Backend {
   }
 
   ~VulkanBackend() override {
+    if (getenv("H4PROF")) for (auto& [k, v] : h4prof_) fprintf(stderr, "H4PROF %s %.3f\n", k.c_str(), v);  // H4TEMP
     const auto& d = ctx_->d;
     staging_.reset();
     for (auto& [name, p] : pipelines_) {
@@ -464,8 +495,8 @@ class VulkanBackend : public Backend {
     const char* shader = matmul_shader(type);
     if (shader == nullptr) {
       throw std::invalid_argument(std::string("vulkan matmul: weight type ") + type_traits(uint32_t(type)).name +
-                                  " has no shader yet (Vulkan has F32, F16, Q4_0, Q4_1, Q8_0; the CPU backend has "
-                                  "every type)");
+                                  " has no shader yet (Vulkan has F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
+                                  "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16; the CPU backend has every type)");
     }
     if (rows <= 0 || cols <= 0 || T <= 0) throw std::invalid_argument("vulkan matmul: rows, cols and T must be > 0");
     const size_t rb = row_bytes(type, cols);
@@ -477,12 +508,18 @@ class VulkanBackend : public Backend {
     need(w, rb * rows, "weights");
     need(x, sizeof(float) * T * cols, "x");
     need(y, sizeof(float) * T * rows, "y");
-    const uint32_t pc[4] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb)};
-    const uint32_t gx = std::min<uint32_t>(uint32_t(rows), kMaxGroups);
-    const uint32_t gz = uint32_t((rows + gx - 1) / gx);
+    // The subgroup variant (matmul_sg_<type>, where built and the device runs subgroupAdd) reduces a row
+    // per subgroup, THREADS / subgroup_size rows per workgroup; the plain one a row per workgroup.
+    const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
+    const bool use_sg = info_.subgroup_arithmetic && embedded(sg);
+    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
+    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
+    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
+    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
+    const uint32_t gz = (groups + gx - 1) / gx;
     const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
     if (gy > kMaxGroups) throw std::invalid_argument("vulkan matmul: T too large for one dispatch");
-    dispatch(shader, {&w, &x, &y}, pc, sizeof pc, gx, gy, gz);
+    dispatch(use_sg ? sg : std::string(shader), {&w, &x, &y}, pc, sizeof pc, gx, gy, gz);
   }
 
   void rms_norm(const Buffer& x, const Buffer& w, int T, int n, float eps, Buffer& y) override {
@@ -568,8 +605,109 @@ class VulkanBackend : public Backend {
 
   void sync() override {}  // every op waits for its fence
 
+  bool has_matmul(GgmlType type) const override { return matmul_shader(type) != nullptr; }
+
+  void copy(const Buffer& src, size_t src_offset, Buffer& dst, size_t dst_offset, size_t bytes) override {
+    const VkBuf& s = own(src, "copy");
+    const VkBuf& d = own(dst, "copy");
+    range_check(s, bytes, src_offset, "copy");
+    range_check(d, bytes, dst_offset, "copy");
+    if (&s == &d) throw std::invalid_argument("vulkan copy: source and destination are one buffer");
+    if (bytes > 0) copy(s.handle(), src_offset, d.handle(), dst_offset, bytes);
+  }
+
+  void add(Buffer& y, const Buffer& b, int64_t n, int64_t period) override {
+    if (n < 0 || n >= (int64_t{1} << 32) || period <= 0 || period >= (int64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan add: n or period out of range");
+    }
+    if (n == 0) return;
+    need(y, sizeof(float) * n, "y");
+    need(b, sizeof(float) * std::min(n, period), "b");
+    const uint32_t pc[2] = {uint32_t(n), uint32_t(period)};
+    const uint32_t groups = uint32_t((n + kAddThreads - 1) / kAddThreads);
+    const uint32_t gx = std::min(groups, kMaxGroups);
+    dispatch("add", {&y, &b}, pc, sizeof pc, gx, (groups + gx - 1) / gx, 1);
+  }
+
+  void rope_table(Buffer& x, const Buffer& cs, int T, int n_head, int head_dim, int n_rot, RopePairs style) override {
+    if (T <= 0 || n_head <= 0 || n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim || uint32_t(T) > kMaxGroups ||
+        uint32_t(n_head) > kMaxGroups) {
+      throw std::invalid_argument("vulkan rope_table: bad shape (0 < n_rot <= head_dim, n_rot even)");
+    }
+    need(x, sizeof(float) * T * n_head * head_dim, "x");
+    need(cs, sizeof(float) * T * n_rot, "cs");
+    const uint32_t pc[5] = {uint32_t(T), uint32_t(n_head), uint32_t(head_dim), uint32_t(n_rot), uint32_t(style)};
+    const uint32_t gx = (uint32_t(n_rot / 2) + kRopeThreads - 1) / kRopeThreads;
+    dispatch("rope_table", {&x, &cs}, pc, sizeof pc, gx, uint32_t(n_head), uint32_t(T));
+  }
+
+  void kv_store(KvFormat format, const Buffer& src, int n_kv_head, int head_dim, size_t part_offset, const RowTable& rt,
+                Buffer& pool, const Buffer& tables, const Buffer& rows) override {
+    const size_t rb = kv_row_bytes(format, head_dim);
+    if (rt.T <= 0 || n_kv_head <= 0 || rt.block_tokens <= 0 || rt.block_bytes == 0) {
+      throw std::invalid_argument("vulkan kv_store: T, n_kv_head, block_tokens and block_bytes must be > 0");
+    }
+    if (part_offset + rb * n_kv_head * rt.block_tokens > rt.block_bytes) {
+      throw std::invalid_argument("vulkan kv_store: rows run past block_bytes " + std::to_string(rt.block_bytes));
+    }
+    if (pool.bytes() >= (uint64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan kv_store: a KV pool over 4 GiB is not supported yet (32-bit offsets)");
+    }
+    need(src, sizeof(float) * rt.T * n_kv_head * head_dim, "src");
+    need(rows, sizeof(int32_t) * 2 * rt.T, "rows");
+    own(pool, "pool");
+    own(tables, "tables");
+    const uint32_t chunks = format == KvFormat::Q8_HEAD ? 1u : uint32_t((head_dim + 31) / 32);
+    const uint32_t pc[9] = {uint32_t(rt.T),        uint32_t(n_kv_head),      uint32_t(head_dim),
+                            uint32_t(rt.block_tokens), uint32_t(rt.block_bytes), uint32_t(part_offset),
+                            uint32_t(rb),          uint32_t(format),         uint32_t(pool.bytes() / rt.block_bytes)};
+    const uint64_t n = uint64_t(rt.T) * n_kv_head * chunks;
+    const uint64_t groups = (n + kKvStoreThreads - 1) / kKvStoreThreads;
+    if (groups > kMaxGroups) throw std::invalid_argument("vulkan kv_store: too many rows for one dispatch");
+    dispatch("kv_store", {&src, &pool, &tables, &rows}, pc, sizeof pc, uint32_t(groups), 1, 1);
+  }
+
+  void attention_rows(const AttentionShape& s, const Buffer& q, const Buffer& pool, const Buffer& tables,
+                      const Buffer& rows, Buffer& out) override {
+    AttentionShape one = s;
+    one.n_past = s.T;  // check_attention_shape's n_past >= T; rows carry the positions
+    check_attention_shape(one, pool, "vulkan attention_rows");
+    if (s.head_dim > kAttentionMaxHeadDim || uint32_t(s.n_head) > kMaxGroups || uint32_t(s.T) > kMaxGroups ||
+        s.window < 0) {
+      throw std::invalid_argument("vulkan attention_rows: head_dim " + std::to_string(s.head_dim) + " over " +
+                                  std::to_string(kAttentionMaxHeadDim) + ", n_head / T over 65535, or window < 0");
+    }
+    if (pool.bytes() >= (uint64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan attention_rows: a KV pool over 4 GiB is not supported yet (32-bit offsets)");
+    }
+    need(q, sizeof(float) * s.T * s.n_head * s.head_dim, "q");
+    need(out, sizeof(float) * s.T * s.n_head * s.head_dim, "out");
+    need(rows, sizeof(int32_t) * 2 * s.T, "rows");
+    own(pool, "pool");
+    own(tables, "tables");
+    struct {
+      uint32_t T, n_head, n_head_kv, head_dim, block_tokens, window;
+      float scale;
+      uint32_t block_bytes, k_offset, v_offset, k_row_bytes, v_row_bytes, n_blocks;
+    } pc{uint32_t(s.T),
+         uint32_t(s.n_head),
+         uint32_t(s.n_head_kv),
+         uint32_t(s.head_dim),
+         uint32_t(s.block_tokens),
+         uint32_t(s.window),
+         s.scale,
+         uint32_t(s.block_bytes),
+         uint32_t(s.k_offset),
+         uint32_t(s.v_offset),
+         uint32_t(kv_row_bytes(s.k_format, s.head_dim)),
+         uint32_t(kv_row_bytes(s.v_format, s.head_dim)),
+         uint32_t(pool.bytes() / s.block_bytes)};
+    const std::string shader = std::string("attnrows_") + kv_format_name(s.k_format) + "_" + kv_format_name(s.v_format);
+    dispatch(shader, {&q, &pool, &tables, &rows, &out}, &pc, sizeof pc, uint32_t(s.n_head), uint32_t(s.T), 1);
+  }
+
  private:
-  static constexpr uint32_t kMaxBindings = 4;
+  static constexpr uint32_t kMaxBindings = 5;
 
   const VkBuf& own(const Buffer& b, const char* op) const {
     const auto* v = dynamic_cast<const VkBuf*>(&b);
@@ -640,6 +778,13 @@ class VulkanBackend : public Backend {
     ctx_->d.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
                                  nullptr, 0, nullptr);
     submit_and_wait();
+  }
+
+  static bool embedded(const std::string& name) {
+    for (const auto& s : vk::kShaders) {
+      if (name == s.name) return true;
+    }
+    return false;
   }
 
   const Pipeline& pipeline(const std::string& name) {
@@ -725,8 +870,11 @@ class VulkanBackend : public Backend {
     d.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, &set, 0, nullptr);
     d.vkCmdPushConstants(cmd_, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushBytes, pc);
     d.vkCmdDispatch(cmd_, gx, gy, gz);
+    auto H4T0 = std::chrono::steady_clock::now();
     submit_and_wait();
+    h4prof_[shader + "/" + std::to_string(gx) + "x" + std::to_string(gy) + "x" + std::to_string(gz)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - H4T0).count();
   }
+  std::map<std::string, double> h4prof_;  // H4TEMP
 
   std::shared_ptr<Context> ctx_;
   VulkanDeviceInfo info_;

@@ -3,10 +3,25 @@
 // One workgroup per (weight row, pass of up to ROWS_PER_PASS activation rows): the weight row is
 // decoded once per pass and dotted with every activation row of the pass (float path; the
 // integer-dot path for devices with shaderInt8 is still to come, docs/GPU.md).
+// SUBGROUP=1 builds the variant the backend picks where subgroup arithmetic runs in compute shaders:
+// each subgroup reduces one weight row with subgroupAdd (no shared memory, no barriers), and a workgroup
+// covers rows_per_group rows (THREADS / the device's subgroup size; the loop over rows covers them all
+// whatever subgroup size the driver really runs). The same row gives the same sum whatever T is.
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
+#ifndef SUBGROUP
+#define SUBGROUP 0
+#endif
+#if SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#endif
 
+#if SUBGROUP
+#define THREADS 256  // a workgroup of THREADS / subgroup size rows (fewer, larger workgroups)
+#else
 #define THREADS 64
+#endif
 #define ROWS_PER_PASS 8  // activation rows served per weight-row read (registers per thread)
 #define QK 32            // elements per block (ggml QK4_0 / QK4_1 / QK8_0)
 
@@ -20,10 +35,13 @@ layout(push_constant) uniform Params {
   uint rows;
   uint cols;
   uint T;
-  uint row_bytes;  // bytes of one weight row
+  uint row_bytes;       // bytes of one weight row
+  uint rows_per_group;  // SUBGROUP: weight rows per workgroup
 } p;
 
+#if !SUBGROUP
 shared float red[ROWS_PER_PASS][THREADS];
+#endif
 
 uint byte_at(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xFFu; }
 // o even: halves never straddle a word.
@@ -62,6 +80,43 @@ void decode(uint rbase, uint b, out float v[QK]) {
 #endif
 }
 
+#if SUBGROUP
+void main() {
+  const uint g = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
+  const uint r_end = min(p.rows, (g + 1u) * p.rows_per_group);
+  const uint t0 = gl_WorkGroupID.y * ROWS_PER_PASS;
+  const uint nt = min(uint(ROWS_PER_PASS), p.T - t0);
+  const uint nblk = (p.cols + QK - 1) / QK;
+  // r is uniform over each subgroup, so every lane reaches subgroupAdd.
+  for (uint r = g * p.rows_per_group + gl_SubgroupID; r < r_end; r += gl_NumSubgroups) {
+    const uint rbase = r * p.row_bytes;
+    float acc[ROWS_PER_PASS];
+    [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = 0.0;
+    for (uint b = gl_SubgroupInvocationID; b < nblk; b += gl_SubgroupSize) {
+      float v[QK];
+      decode(rbase, b, v);
+      const uint e0 = b * QK;
+      const uint ne = min(uint(QK), p.cols - e0);
+      [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) {
+        if (t < nt) {
+          const uint xo = (t0 + t) * p.cols + e0;
+          float s = 0.0;
+          if (ne == QK) {  // whole block: constant indices keep v in registers
+            [[unroll]] for (uint i = 0; i < QK; ++i) s += v[i] * x[xo + i];
+          } else {
+            for (uint i = 0; i < ne; ++i) s += v[i] * x[xo + i];
+          }
+          acc[t] += s;
+        }
+      }
+    }
+    [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = subgroupAdd(acc[t]);
+    if (subgroupElect()) {
+      for (uint t = 0; t < nt; ++t) y[(t0 + t) * p.rows + r] = acc[t];
+    }
+  }
+}
+#else
 void main() {
   const uint r = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
   if (r >= p.rows) return;  // uniform over the workgroup
@@ -97,3 +152,4 @@ void main() {
     for (uint t = 0; t < nt; ++t) y[(t0 + t) * p.rows + r] = red[t][0];
   }
 }
+#endif
