@@ -119,6 +119,7 @@ def run(w: Workload, lifecycle: str, park_dir: Path) -> dict[str, Any]:
     per_agent = math.ceil(w.final_context() / probe.spec.block_tokens) * int(mem["block_bytes"])
     budget = per_agent * w.agents // 2  # the KV of half of the agents at their final context
     worker = EngineWorker(_spec(w, lifecycle, park_dir, budget))
+    costs = worker.park_costs()  # measured (or read from the cache) now, not during the timed run; None for drop
     pauses, tokens = w.pauses(), w.tokens(n_vocab)
     sampling = {"temperature": 0.0, "max_new_tokens": GEN_TOKENS, "stop_tokens": ()}
     agents = [_Agent(f"agent-{i}") for i in range(w.agents)]
@@ -169,7 +170,9 @@ def run(w: Workload, lifecycle: str, park_dir: Path) -> dict[str, Any]:
         "tokens_prefilled": int(state.get("tokens_prefilled", 0)),
         "tokens_added": added,
         "failed_turns": failed,
-        "worker_lifecycle": {k: v for k, v in life.items() if k != "decisions"},
+        "worker_lifecycle": {k: v for k, v in life.items() if k not in ("decisions", "costs")},
+        "park_costs": costs,
+        "decisions": life.get("decisions", [])[-8:],  # the worker's last decisions, in words and numbers
     }
 
 

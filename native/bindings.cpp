@@ -350,6 +350,14 @@ PYBIND11_MODULE(_native, m) {
            py::arg("prefix_sharing") = true, py::arg("backend") = "cpu", py::arg("device") = 0)
       .def_property_readonly("isa", &Engine::isa)
       .def_property_readonly("backend", &Engine::backend_name)
+      .def("last_logits",
+           [](const Engine& e) {
+             std::vector<float> l = e.last_logits();
+             const auto nv = static_cast<py::ssize_t>(e.config().n_vocab);
+             py::array_t<float> out({static_cast<py::ssize_t>(l.size()) / nv, nv});
+             std::copy(l.begin(), l.end(), out.mutable_data());
+             return out;
+           })
       .def_property_readonly("config",
                              [](const Engine& e) {
                                const ModelConfig& c = e.config();

@@ -93,7 +93,12 @@ DeviceForward::DeviceForward(const Model& model, Backend& backend, const Kernels
   }
 }
 
-DeviceForward::~DeviceForward() = default;
+DeviceForward::~DeviceForward() {
+  try {
+    be_.sync();  // recorded ops finish before their buffers go
+  } catch (...) {  // NOTE: a lost device has nobody left to tell; the buffers are freed anyway
+  }
+}
 
 DeviceForward::DevWeight DeviceForward::upload_weight(const Weight& w, const std::string& name) {
   DevWeight d;
@@ -117,7 +122,8 @@ std::unique_ptr<Buffer> DeviceForward::upload_vector(const std::vector<float>& v
 
 void DeviceForward::fit(std::unique_ptr<Buffer>& b, size_t bytes) {
   if (!b || b->bytes() < bytes) {
-    b.reset();  // free the old buffer before taking the new one
+    if (b) be_.sync();  // no recorded op may still use the old buffer
+    b.reset();          // free it before taking the new one
     b = be_.alloc(std::max<size_t>(bytes, 4));
   }
 }
@@ -129,7 +135,10 @@ void DeviceForward::reserve(DevPool& p, const KvPool& pool) {
   size_t blocks = std::max({need, 2 * p.blocks, kFirstPoolBlocks});
   if (pool.budget_bytes() != 0) blocks = std::max(need, std::min(blocks, pool.budget_bytes() / bb));
   auto grown = be_.alloc(blocks * bb);
-  if (p.buf && p.blocks > 0) be_.copy(*p.buf, 0, *grown, 0, p.blocks * bb);
+  if (p.buf && p.blocks > 0) {
+    be_.copy(*p.buf, 0, *grown, 0, p.blocks * bb);
+    be_.sync();  // the copy (and every op on the old buffer) finishes before it goes
+  }
   p.buf = std::move(grown);
   p.blocks = blocks;
 }
@@ -341,7 +350,10 @@ void DeviceForward::forward(const std::vector<BatchItem>& items, const KvPool& k
       be_.add(*x_, *y_, st * d, st * d);
     }
   }
-  if (R == 0) return;
+  if (R == 0) {
+    be_.sync();  // the step's K/V writes are done when it returns
+    return;
+  }
 
   // Final norm of every row, then the rows that need logits gathered into logits_in (R, d).
   be_.rms_norm(*x_, *output_norm_, T, d, c.rms_eps, *xn_);

@@ -68,6 +68,11 @@ void Engine::run_forward(const std::vector<BatchItem>& items) {
   }
 }
 
+std::vector<float> Engine::last_logits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return logits_;
+}
+
 std::string Engine::backend_name() const {
   if (!backend_) return "cpu";
   return opt_.backend == "cpu-ops" ? "cpu-ops" : backend_->name();
@@ -660,12 +665,27 @@ KvSnapshotSource Engine::snapshot_of(const Sequence& s) const {
   src.blocks = &s.blocks;
   src.swa_blocks = &s.swa_blocks;
   src.lazy_tail = s.lazy_tail;
+  src.block_bytes = device_block_bytes();
   return src;
+}
+
+KvBlockBytes Engine::device_block_bytes() const {
+  if (!device_) return {};
+  // Host copies of the device blocks (downloaded on first use); flush_blocks() uploads and drops them.
+  return [this](bool swa, int block) { return device_->host_block(swa ? *swa_kv_ : *kv_, swa, block); };
 }
 
 std::string Engine::export_kv(int id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return write_kv_snapshot(snapshot_of(get(id)));
+  std::string blob;
+  try {
+    blob = write_kv_snapshot(snapshot_of(get(id)));
+  } catch (...) {
+    if (device_) device_->flush_blocks();
+    throw;
+  }
+  if (device_) device_->flush_blocks();
+  return blob;
 }
 
 size_t Engine::kv_export_bytes(int id) const {
@@ -712,8 +732,11 @@ int Engine::import_kv(const uint8_t* data, size_t n, const SamplingParams& sp, b
                         " reserved); free or park sequences, or raise kv_budget_bytes");
   }
   try {
-    write_kv_snapshot_rows(snap, model_->config(), *kv_, swa_kv_.get(), s.blocks, s.swa_blocks, shared, *kern_);
+    write_kv_snapshot_rows(snap, model_->config(), *kv_, swa_kv_.get(), s.blocks, s.swa_blocks, shared, *kern_,
+                           device_block_bytes());
+    if (device_) device_->flush_blocks();
   } catch (...) {
+    if (device_) device_->flush_blocks();
     release_blocks(s);
     prefix_tokens_reused_ = reused_before;
     throw;

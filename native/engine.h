@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,9 @@ class Engine {
   std::string isa() const { return kern_->name; }
   // Where the forward runs: "cpu", "cpu-ops" or "vulkan:<device name>" (EngineOptions.backend).
   std::string backend_name() const;
+  // The logits rows of the last forward: after step(), one row of n_vocab per pair it returned, in that
+  // order; after score(), its last chunk's. (R, n_vocab) row-major.
+  std::vector<float> last_logits() const;
   const EngineOptions& options() const { return opt_; }
 
   // New sequence with its first tokens queued for prefill. When `generate`, it
@@ -212,6 +216,9 @@ class Engine {
   void release_blocks(Sequence& s);
   // What export_kv reads of s (kv_transfer.h).
   KvSnapshotSource snapshot_of(const Sequence& s) const;
+  // Host bytes of a pool block for export_kv / import_kv: empty (the pools' own storage) on the CPU
+  // forward; host copies of the device blocks otherwise (flushed by the caller).
+  std::function<uint8_t*(bool swa, int block)> device_block_bytes() const;
 
   EngineOptions opt_;
   const Kernels* kern_;

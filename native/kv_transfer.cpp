@@ -65,14 +65,15 @@ uint64_t payload_size(const uint8_t* layer_swa, uint64_t n_layer, uint64_t n_hea
   return total;
 }
 
-// Calls fn(layer, is_k, head, p0, cnt, pool row pointer) for each run of consecutive
-// positions inside one block, in the snapshot's row order.
-template <typename Pool, typename Fn>
-void for_each_run(const ModelConfig& c, Pool* kv, Pool* swa_kv, const std::vector<int>& blocks,
-                  const std::vector<int>& swa_blocks, int n_past, int swa_from, Fn&& fn) {
+// Calls fn(layer, is_k, p0, cnt, row) for each run of cnt consecutive positions from p0 inside
+// one block (row: the first one's bytes), in the snapshot's row order.
+template <typename Fn>
+void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, const std::vector<int>& blocks,
+                  const std::vector<int>& swa_blocks, int n_past, int swa_from, const KvBlockBytes& block_bytes,
+                  Fn&& fn) {
   for (int l = 0; l < c.n_layer; ++l) {
     const bool swa = is_sliding(c, l);
-    Pool& pool = swa ? *swa_kv : *kv;
+    const KvPool& pool = swa ? *swa_kv : *kv;
     const std::vector<int>& table = swa ? swa_blocks : blocks;
     const int bt = pool.geometry().block_tokens;
     const int kl = c.layer_kv_index[l];
@@ -87,7 +88,13 @@ void for_each_run(const ModelConfig& c, Pool* kv, Pool* swa_kv, const std::vecto
             throw std::runtime_error("KV snapshot: position " + std::to_string(p) + " of layer " + std::to_string(l) +
                                      " has no block (internal error: the block table does not cover it)");
           }
-          uint8_t* row = part == 0 ? pool.k_row(table[bi], kl, off, h) : pool.v_row(table[bi], kl, off, h);
+          uint8_t* row;
+          if (block_bytes) {
+            row = block_bytes(swa, table[bi]) +
+                  (part == 0 ? pool.k_row_offset(kl, off, h) : pool.v_row_offset(kl, off, h));
+          } else {
+            row = part == 0 ? pool.k_row(table[bi], kl, off, h) : pool.v_row(table[bi], kl, off, h);
+          }
           fn(l, part == 0, p, cnt, row);
         }
       }
@@ -163,7 +170,7 @@ std::string write_kv_snapshot(const KvSnapshotSource& src) {
   static const std::vector<int> no_blocks;
   const std::vector<int>& swa_blocks = src.swa_blocks != nullptr ? *src.swa_blocks : no_blocks;
   for_each_run(c, src.kv, src.swa_kv, *src.blocks, swa_blocks, src.n_past, static_cast<int>(h.swa_from),
-               [&](int, bool is_k, int, int cnt, const uint8_t* row) {
+               src.block_bytes, [&](int, bool is_k, int, int cnt, const uint8_t* row) {
                  const size_t bytes = static_cast<size_t>(cnt) * (is_k ? k_row : v_row);
                  std::memcpy(w, row, bytes);
                  w += bytes;
@@ -315,14 +322,14 @@ KvSnapshot read_kv_snapshot(const uint8_t* data, size_t n, const ModelConfig& c)
 
 void write_kv_snapshot_rows(const KvSnapshot& snap, const ModelConfig& c, KvPool& kv, KvPool* swa_kv,
                             const std::vector<int>& blocks, const std::vector<int>& swa_blocks, int skip_before,
-                            const Kernels& kern) {
+                            const Kernels& kern, const KvBlockBytes& block_bytes) {
   const int hd = c.head_dim;
   const size_t src_k = kv_row_bytes(snap.k_format, hd), src_v = kv_row_bytes(snap.v_format, hd);
   const KvFormat dst_kf = kv.geometry().k_format, dst_vf = kv.geometry().v_format;
   const size_t dst_k = kv.k_row_bytes(), dst_v = kv.v_row_bytes();
   std::vector<float> row(hd);  // (head_dim,) one row decoded to f32 for a conversion
   const uint8_t* r = snap.rows;
-  for_each_run(c, &kv, swa_kv, blocks, swa_blocks, snap.n_past, snap.swa_from,
+  for_each_run(c, &kv, swa_kv, blocks, swa_blocks, snap.n_past, snap.swa_from, block_bytes,
                [&](int layer, bool is_k, int p0, int cnt, uint8_t* dst) {
                  const KvFormat sf = is_k ? snap.k_format : snap.v_format;
                  const KvFormat df = is_k ? dst_kf : dst_vf;

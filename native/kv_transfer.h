@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ static_assert(sizeof(KvSnapshotHeader) == 88, "KvSnapshotHeader must be 88 bytes
 // tail, a final mix): catches flipped and truncated bytes, not an adversary.
 uint64_t kv_snapshot_checksum(const uint8_t* data, size_t n);
 
+// The bytes of block `block` of the global pool (swa false) or the sliding pool (swa true), laid
+// out as kv_cache.h says. Empty: the pools' own host storage (KvPool::k_row). A device engine
+// passes host copies of its device blocks (DeviceForward::host_block).
+using KvBlockBytes = std::function<uint8_t*(bool swa, int block)>;
+
 // What an export reads: one sequence's history and its block tables in the engine's pools.
 struct KvSnapshotSource {
   const ModelConfig* config = nullptr;
@@ -88,6 +94,7 @@ struct KvSnapshotSource {
   const std::vector<int>* blocks = nullptr;      // block table of kv
   const std::vector<int>* swa_blocks = nullptr;  // block table of swa_kv (-1: released)
   bool lazy_tail = false;
+  KvBlockBytes block_bytes;  // empty: the pools' host storage
 };
 
 // Size of the snapshot write_kv_snapshot would build, without building it.
@@ -122,6 +129,6 @@ KvSnapshot read_kv_snapshot(const uint8_t* data, size_t n, const ModelConfig& c)
 // (kern.kv_load_row to f32, then kv_store_row into the pool's format).
 void write_kv_snapshot_rows(const KvSnapshot& snap, const ModelConfig& c, KvPool& kv, KvPool* swa_kv,
                             const std::vector<int>& blocks, const std::vector<int>& swa_blocks, int skip_before,
-                            const Kernels& kern);
+                            const Kernels& kern, const KvBlockBytes& block_bytes = {});
 
 }  // namespace kvs

@@ -166,7 +166,13 @@ class MeteredEngineWorker(EngineWorker):
         if blob is None:
             return {"imported": False, "why": "the source held no KV for it (dropped, running or unknown there)"}
         got = self.import_session(session, blob)
+        self._export(force=True)  # an idle worker's loop exports nothing until its next step
         return {**got, "imported": bool(got.get("accepted")), "bytes": len(blob), "why": got.get("reason", "")}
+
+    def export_session(self, session: str) -> bytes | None:
+        out = super().export_session(session)
+        self._export(force=True)  # the ship out counts now, not at the next step
+        return out
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -395,8 +401,9 @@ class Scheduler:
         return set(ready)
 
     def ship(self, worker: str, session: str, export: Any) -> dict[str, Any]:
-        """Hands an export's ObjectRef straight to the destination's import; {"imported": False, "why"} when the
-        source's export failed or held nothing. CallRefused when the destination refused the snapshot."""
+        """Hands an export's ObjectRef straight to the destination's import: {"imported": True, "bytes", ...}, or
+        {"imported": False, "why"} when the source's export failed or held nothing or the destination refused the
+        snapshot (another model, no room in its park tiers)."""
         h = self._live(worker)
         out: dict[str, Any] = _get([h.actor.ship_in.remote(session, [export])], CALL_TIMEOUT_S, worker, h)[0]
         return out

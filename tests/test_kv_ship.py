@@ -7,6 +7,7 @@ re-prefill. Real local Ray, real engines on the default model, a real gRPC serve
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,45 @@ def test_a_drain_ships_idle_agents_kv_and_the_destination_restores_it(conn: sche
             assert life.ships_in == 1 and life.restores >= 1, life
             assert life.reprefill_tokens == 0, life  # nothing of the moved agent's history was computed again
             assert life.reprefill_tokens_saved >= history, life
+            moves = run.kv_moves()
+            assert moves["moves"] == 1 and moves["shipped"] == 1 and moves["ship_failed"] == 0, moves
+            assert moves["shipped_tokens"] == history and moves["reprefilled_after_moves_tokens"] == 0, moves
+    finally:
+        srv.stop()
+
+
+def test_a_ship_the_destination_refuses_falls_back_to_re_prefill_and_no_job_is_lost(conn: scheduler.Connection,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    # park tiers of one byte: the destination has nowhere to keep a shipped snapshot, so it refuses it
+    tiny = CONFIG.replace("name: shp", "name: shq") + "lifecycle:\n  park_ram_bytes: 1\n  park_disk_bytes: 1\n"
+    srv = serve(conn=conn, port=0, token=TOKEN, out_root=tmp_path, echo=lambda m: None)
+    try:
+        with SwarmClient(srv.target, token=TOKEN) as c:
+            c.launch(tiny)
+            agents = ["helper-0", "helper-1"]
+            jobs = {a: c.submit("shq", agent=a, messages=ASK, max_tokens=MAX_NEW)[0] for a in agents}
+            first = {a: _finish(c, j.id)[0] for a, j in jobs.items()}
+            assert first["helper-0"] == first["helper-1"]
+            run = srv.hub.swarm("shq")
+            _until(lambda: all(a.turn is None for a in run.agents.values()), "both turns to end")
+            on = {a: run.agents[a].worker for a in agents}
+            moved = next(a for a in agents if on[a] == "a")
+            history = len(run.agents[moved].history)
+            run.drain("a")
+            failed = [e for e in run.events if e["event"] == "ship_failed"]
+            assert [(e["agent"], e["src"], e["dst"]) for e in failed] == [(moved, "a", "b")], run.events[-6:]
+            assert "fit neither" in failed[0]["why"] and "re-prefills" in failed[0]["why"], failed
+            assert not [e for e in run.events if e["event"] == "shipped"]
+            jobs = {a: c.submit("shq", agent=a, messages=AGAIN, max_tokens=MAX_NEW)[0] for a in agents}
+            ends = {a: _finish(c, j.id) for a, j in jobs.items()}
+            assert all(end.state == "done" for _, end in ends.values()), ends
+            # re-prefilled from its history on b: the same tokens as the agent that never moved
+            assert ends["helper-0"][0] == ends["helper-1"][0]
+            states = run.sched.states()
+            assert states["b"]["lifecycle"]["ships"]["in"] == 0  # type: ignore[index]
+            moves = run.kv_moves()
+            assert (moves["shipped"], moves["ship_failed"], moves["moves"]) == (0, 1, 1), moves
+            assert moves["reprefilled_after_moves_tokens"] == history, moves  # its whole history at the move
     finally:
         srv.stop()
 
@@ -201,8 +241,49 @@ def test_a_session_shipped_between_workers_resumes_as_an_uninterrupted_run(
         assert life["ships"]["in"] == 1 and life["reprefilled_tokens"] == 0, life
         ref_life = states["ref"]["lifecycle"]  # type: ignore[index]
         assert ref_life["ships"]["in"] == 0
+        if src_fmt == dst_fmt:  # once: the lifecycle numbers on Ray's Prometheus endpoint
+            want = {("dst", "kvswarm_ships_in"): 1, ("dst", "kvswarm_restores"): 1, ("src", "kvswarm_ships_out"): 1}
+            metrics = _metrics(sched, "dst", want)
+            assert _value(metrics, "kvswarm_ships_in", "dst") == 1 and _value(metrics, "kvswarm_restores", "dst") == 1
+            assert _value(metrics, "kvswarm_ships_out", "src") == 1
+            assert _value(metrics, "kvswarm_reprefill_tokens_saved", "dst") >= len(history)
+            assert _value(metrics, "kvswarm_kv_parked_bytes", "dst", 'tier="ram"') == 0  # restored: in the pool
+            assert _value(metrics, "kvswarm_kv_idle_bytes", "dst") > 0
     finally:
         sched.shutdown()
+
+
+def _metric_lines(text: str, name: str, worker: str, extra: str = "") -> list[str]:
+    """Prometheus sample lines of metric `name` (Ray may prefix "ray_", a counter may end "_total") for a worker."""
+    pattern = re.compile(rf"(ray_)?{name}(_total)?")
+    return [ln for ln in text.splitlines() if not ln.startswith("#") and pattern.fullmatch(ln.split("{")[0])
+            and f'worker="{worker}"' in ln and extra in ln]  # fmt: skip
+
+
+def _value(text: str, name: str, worker: str, extra: str = "") -> float:
+    lines = _metric_lines(text, name, worker, extra)
+    assert len(lines) == 1, (name, worker, lines)
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+def _metrics(sched: scheduler.Scheduler, worker: str, want: dict[tuple[str, str], float]) -> str:
+    """The worker's node's /metrics once every wanted (worker, counter) reached its value (Ray exports every few
+    seconds)."""
+    import urllib.request
+
+    import ray
+
+    node = sched.workers[worker].node_id
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == node)
+    deadline, text = time.monotonic() + 90, ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        lines = {k: _metric_lines(text, k[1], k[0]) for k in want}
+        if all(ls and float(ls[0].rsplit(" ", 1)[1]) >= want[k] for k, ls in lines.items()):
+            return text
+        time.sleep(2)
+    raise AssertionError(f"the lifecycle metrics of {worker} never reached {want} on /metrics")
 
 
 def test_a_ship_with_nothing_to_ship_says_so_and_the_next_turn_re_prefills(conn: scheduler.Connection) -> None:

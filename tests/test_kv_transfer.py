@@ -291,6 +291,30 @@ def test_fully_computed_sequence_imports_without_generating(tiny_llama: Path) ->
     assert drain(dst, new) == drain(ref, seq)
 
 
+@pytest.mark.parametrize("kv", [("f16", "q8_0"), ("q4_0", "f32")], ids=["f16/q8_0", "q4_0/f32"])
+def test_device_pool_round_trip(tiny_llama: Path, kv: tuple[str, str]) -> None:
+    """backend="cpu-ops" (the device forward over the CPU backend, the Vulkan path's reference) keeps its
+    KV in a device buffer: export/import go through host copies of its blocks. Bit-exact resume, and a
+    CPU engine's snapshot lands in the device pool row for row."""
+    k, v = kv
+    ref = Engine(tiny_llama, backend="cpu-ops", kv_k=k, kv_v=v)
+    _, first, second = two_turns(ref)
+    src = Engine(tiny_llama, backend="cpu-ops", kv_k=k, kv_v=v)
+    dst = Engine(tiny_llama, backend="cpu-ops", kv_k=k, kv_v=v)
+    _, got_first, got_second, _ = resumed(src, dst)
+    assert (got_first, got_second) == (first, second)
+    cpu = Engine(tiny_llama, kv_k=k, kv_v=v)
+    s = cpu.add_sequence(PROMPT, Sampling(max_new_tokens=3))
+    drain(cpu, s)
+    blob = cpu.export_kv(s)
+    dev = Engine(tiny_llama, backend="cpu-ops", kv_k=k, kv_v=v, block_tokens=6)
+    back = parse(dev.export_kv(dev.import_kv(blob)))
+    want = parse(blob)
+    assert back["tokens"] == want["tokens"]
+    for key, rows in want["rows"].items():
+        assert np.array_equal(back["rows"][key], rows), key
+
+
 # -- other model families ---------------------------------------------------------------------------
 
 
@@ -535,3 +559,33 @@ def test_random_damage_is_always_a_clear_error(tiny_llama: Path, small_blob: byt
         with pytest.raises(ValueError, match="import_kv: "):
             dst.import_kv(bytes(bad))
     assert dst.sequence_ids() == [] and dst.memory()["blocks_in_use"] == 0
+
+
+def test_damaged_blobs_under_address_and_undefined_behavior_sanitizers(tmp_path: Path) -> None:
+    """native/tests/kv_transfer_test.cpp in the ASan + UBSan build: good imports (same format, converted,
+    another block_tokens) and damaged ones (cuts, flips, header fields and tokens at extremes with a
+    recomputed checksum) are refused with invalid_argument, never a crash or an out-of-bounds read."""
+    import re
+    import subprocess
+
+    import refmodel
+    from test_native_kernels import NATIVE, ROOT, _run_sanitized
+
+    build = ROOT / "build" / "native-asan"  # the sanitizer build tests/test_native_kernels.py uses
+    configure = ["cmake", "-S", str(NATIVE), "-B", str(build), "-DKVS_BUILD_TESTS=ON", "-DKVS_SANITIZE=ON"]
+    subprocess.run([*configure, "-DCMAKE_BUILD_TYPE=RelWithDebInfo"], check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "kvs_kv_transfer_test", "-j", "2"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    model = tmp_path / "tiny_Q8_0.gguf"
+    refmodel.write_tiny_llama(model, weight_type="Q8_0", n_layer=2, seed=3)
+    proc = _run_sanitized([str(build / "kvs_kv_transfer_test"), str(model)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = re.search(r"^(\d+) imported, (\d+) rejected, 0 failed$", proc.stdout, re.M)
+    assert found, proc.stdout[-3000:]
+    imported, rejected = int(found.group(1)), int(found.group(2))
+    assert imported == 4 * 3 * 2  # 4 format pairs x 3 destinations x (import, re-import)
+    assert rejected > 4 * 100

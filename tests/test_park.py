@@ -518,3 +518,37 @@ def test_a_worker_measures_its_park_costs_once(tiny: Path, tmp_path: Path) -> No
         assert drop.park_costs() is None  # the baseline never measures
     finally:
         drop.stop()
+
+
+def run_together(w: EngineWorker, turns: dict[str, tuple[int, list[int], bool]]) -> dict[str, list[int]]:
+    """Submits every session's turn at once and waits for all of them."""
+    for name, (turn, tokens, fresh) in turns.items():
+        w.submit(name, turn, tokens, {"max_new_tokens": NEW}, fresh)
+    got: dict[str, list[int]] = {n: [] for n in turns}
+    ends: dict[str, str] = {}
+    deadline = time.monotonic() + 120  # a hang guard, not a timing assertion
+    while len(ends) < len(turns) and time.monotonic() < deadline:
+        for name, ev in w.drain().items():
+            got[name] += ev["tokens"]
+            if ev["done"]:
+                ends[name] = ev["reason"]
+        time.sleep(0.001)
+    assert ends == dict.fromkeys(turns, "max_tokens")
+    return got
+
+
+@pytest.mark.parametrize("policy", ["measured", "drop"])
+def test_turns_that_do_not_fit_wait_instead_of_failing(tiny: Path, tmp_path: Path, policy: str) -> None:
+    names = ("c-0", "c-1", "c-2")
+    turns = {n: [[k + 1, *PROMPT[1:]], FOLLOW] for k, n in enumerate(names)}
+    want = {n: reference(tiny, tmp_path / n, "f16", t) for n, t in turns.items()}
+    # 8 KiB blocks (f16, see above); a session's two turns reach 37 + 6 + 19 + 6 = 68 tokens = 5 blocks: 6 blocks
+    # run one session at a time, so the other turns wait for it (and then evict it) rather than fail
+    w = EngineWorker(spec(tiny, tmp_path / "park", kv_budget_bytes=6 * 8192, lifecycle=policy))
+    try:
+        first = run_together(w, {n: (0, t[0], True) for n, t in turns.items()})
+        assert first == {n: want[n][0] for n in names}
+        second = run_together(w, {n: (1, t[1], False) for n, t in turns.items()})
+        assert second == {n: want[n][1] for n in names}
+    finally:
+        w.stop()

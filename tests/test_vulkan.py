@@ -206,6 +206,20 @@ def test_matmul(device: int, wt: str, T: int) -> None:
         assert np.all(np.abs(got - cpu) <= 2 * MATMUL_REL_LIMIT * scale)
 
 
+def test_matmul_plain_variant(device: int) -> None:
+    """test_matmul again with KVSWARM_VULKAN_SUBGROUP=0 (in a fresh process: the backend reads it once), so
+    the workgroup-reduction variant of every matmul shader runs too on a device with subgroup arithmetic."""
+    if not _native.vulkan_devices()[device]["subgroup_arithmetic"]:
+        pytest.skip("this device runs the plain variant in test_matmul already")
+    env = dict(os.environ, KVSWARM_VULKAN_SUBGROUP="0", KVSWARM_VULKAN_DEVICE=str(device))
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_matmul"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert f"{2 * len(VULKAN_WEIGHT_TYPES)} passed" in r.stdout
+
+
 @pytest.mark.parametrize("T", [1, 5])
 def test_rms_norm(device: int, T: int) -> None:
     n, eps = 333, 1e-5  # 333: odd, more than the shader's 128 threads

@@ -197,11 +197,12 @@ def test_calibration_is_cached_per_device_and_driver(device: int) -> None:
         cache_key(model, dataclasses.replace(gpu, device=len(_native.vulkan_devices())))
 
 
-def test_generate_refuses_a_device_it_lacks(device: int, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("command", [["generate", "hi", "--max-tokens", "2"], ["calibrate", "--quick"]])
+def test_cli_refuses_a_device_it_lacks(device: int, command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     n = len(_native.vulkan_devices())
-    assert swarm_main(["generate", "hi", "--backend", "vulkan", "--device", str(n), "--max-tokens", "2"]) == 2
+    assert swarm_main([*command, "--backend", "vulkan", "--device", str(n)]) == 2
     err = capsys.readouterr().err
-    assert f"--backend vulkan --device {n}: vulkan device {n} does not exist" in err
+    assert f"swarm {command[0]}: --backend vulkan --device {n}: vulkan device {n} does not exist" in err
     assert _native.vulkan_devices()[0]["name"] in err  # the devices there are, by name
 
 

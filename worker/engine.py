@@ -66,6 +66,11 @@ class Engine:
     another live sequence computed for the same first tokens (a shared system
     prompt is stored once); outputs are the same either way.
 
+    backend="vulkan" (with device=N, an index of `swarm devices`) runs the forward on a GPU
+    through Vulkan: weights, activations and the KV pool's bytes live on the device, sampling
+    stays on the host; the KV budget and memory() accounting are the CPU pool's. "cpu-ops" runs
+    that same forward over the CPU backend's ops (the device path's reference; slow).
+
     Low-level: `add_sequence`, `append`, `step`, `finish`, `free`, `score`, `memory`.
     High-level: `generate` / `stream` for one prompt (text or token ids).
     """
@@ -83,6 +88,8 @@ class Engine:
         isa: str = "",
         float_activations: bool = False,
         prefix_sharing: bool = True,
+        backend: str = "cpu",
+        device: int = 0,
     ) -> None:
         for name, fmt in (("kv_k", kv_k), ("kv_v", kv_v)):
             if fmt not in KV_FORMATS:
@@ -102,6 +109,8 @@ class Engine:
             isa=isa,
             float_activations=float_activations,
             prefix_sharing=prefix_sharing,
+            backend=backend,
+            device=device,
         )
         self.config: dict[str, Any] = dict(self._native.config)
         self._tokenizer: Tokenizer | None = None
@@ -110,6 +119,11 @@ class Engine:
     @property
     def isa(self) -> str:
         return str(self._native.isa)
+
+    @property
+    def backend(self) -> str:
+        """Where the forward runs: "cpu", "cpu-ops" or "vulkan:<device name>"."""
+        return str(self._native.backend)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -155,6 +169,10 @@ class Engine:
     def score(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits (n, vocab) after each of the sequence's queued tokens and `tokens`."""
         return np.asarray(self._native.score(seq_id, list(tokens)))
+
+    def last_logits(self) -> np.ndarray:
+        """The last forward's logits (R, vocab): after `step`, one row per sequence it returned, in order."""
+        return np.asarray(self._native.last_logits())
 
     def fill_kv(self, seq_id: int, n: int, seed: int = 0) -> None:
         """Calibration aid: append n synthetic positions with random K/V (no model run)."""

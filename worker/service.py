@@ -312,10 +312,16 @@ class EngineWorker:
 
     def _admit(self) -> None:
         """Starts the submitted turns. One the engine refuses (bad sampling, a prompt past the context, no KV
-        left) fails alone: its session reports done with reason "error" and the others go on."""
+        left) fails alone: its session reports done with reason "error" and the others go on.
+
+        A turn whose history does not fit the free KV, even after idle sessions are evicted, waits (with the
+        turns behind it) while other turns run: they end, and their sessions become idle and evictable."""
         while self._pending:
-            name, turn, tokens, sp, fresh, constraint = self._pending.popleft()
+            name, turn, tokens, sp, fresh, constraint = self._pending[0]
             st = self._sessions.get(name)
+            if not self._room_for_turn(name, st, tokens, fresh):
+                return
+            self._pending.popleft()
             try:
                 matcher = self._matcher(*constraint) if constraint is not None else None
                 st = self._place_turn(name, st, tokens, sp, fresh)  # resident, restored or re-prefilled
@@ -567,6 +573,42 @@ class EngineWorker:
         self._tokens_prefilled += len(full) - len(parked.tokens)
         return seq
 
+    def _room_for_turn(self, name: str, st: _Session | None, tokens: list[int], fresh: bool) -> bool:
+        """Whether the pool holds the turn's whole history (evicting idle sessions to make room), or nothing
+        else runs that could make room later (then the turn goes ahead, and fails alone if it cannot fit)."""
+        mem = self.engine.memory()
+        if not mem["budget_bytes"]:
+            return True
+        running = any(s.active for s in self._sessions.values())
+        held = 0
+        if st is not None and st.seq >= 0:
+            info = self.engine.info(st.seq)
+            held = int(info["n_past"])
+            after = len(tokens) if fresh else int(info["n_tokens"]) + len(tokens)
+        elif fresh or st is None:
+            after = len(tokens)
+        else:
+            base = self._park.tokens(name) or st.history or ()
+            after = len(base) + len(tokens)
+        need = max(self._pool_bytes(after + 1, mem) - self._pool_bytes(held, mem), 0)  # + the first new token
+        if need > mem["budget_bytes"] or after > int(self.engine.config["n_ctx_train"]):
+            return True  # it can never fit: it goes ahead and fails alone, evicting nothing
+        # what the running turns admitted before still have to take for their own histories
+        promised = 0
+        for other in self._sessions.values():
+            if other.active and other.seq >= 0:
+                info = self.engine.info(other.seq)
+                promised += max(
+                    self._pool_bytes(int(info["n_tokens"]) + 1, mem) - self._pool_bytes(int(info["n_past"]), mem), 0
+                )
+        # with nothing running, nothing frees room by itself: the resident sessions queued behind this turn are
+        # evicted too (their turns restore them)
+        self._relieve(need + promised, mem, keep=name, queued_too=not running)
+        if not running:
+            return True
+        mem = self.engine.memory()
+        return mem["budget_bytes"] - mem["bytes_reserved"] - promised >= need
+
     def _step_need_bytes(self, mem: dict[str, int]) -> int:
         """Pool bytes the next step's new blocks take (the engine's plan: decode rows, then prefill chunks)."""
         bt = mem["block_tokens"]
@@ -594,8 +636,9 @@ class EngineWorker:
             left -= take
         return blocks * per_block
 
-    def _relieve(self, need_bytes: int, mem: dict[str, int]) -> None:
-        """Evicts idle sessions (the policy's order and tiers) until need_bytes of the pool are free."""
+    def _relieve(self, need_bytes: int, mem: dict[str, int], keep: str = "", queued_too: bool = False) -> None:
+        """Evicts idle sessions (the policy's order and tiers) until need_bytes of the pool are free; never `keep`,
+        and sessions whose turn is queued only with queued_too."""
         budget = mem["budget_bytes"]
         free = budget - mem["bytes_reserved"]
         if budget == 0 or need_bytes <= free:
@@ -603,7 +646,7 @@ class EngineWorker:
         now = time.monotonic()
         idle = []
         for name, st in self._sessions.items():
-            if st.seq < 0 or st.active or st.queued:
+            if st.seq < 0 or st.active or (st.queued and not queued_too) or name == keep:
                 continue
             info = self.engine.info(st.seq)
             idle.append(IdleSession(name, info["n_tokens"], self._pool_bytes(info["n_past"], mem),

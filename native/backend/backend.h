@@ -67,6 +67,9 @@ struct RowTable {
   size_t block_bytes = 0;  // bytes of one pool block
 };
 
+// NOTE: a backend may queue ops and run them later (Vulkan records them into one command buffer):
+// download() and sync() wait for every op before them, and a Buffer must outlive the ops that use it
+// (sync() before destroying one that a queued op reads or writes).
 class Backend {
  public:
   virtual ~Backend() = default;

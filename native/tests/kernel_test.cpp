@@ -169,9 +169,9 @@ void test_level(const Kernels& k, const Kernels& ref) {
       for (int i = 0; i < n; ++i) sc += std::fabs(want[i] * act[i]);
       check(close(k.dot_q(t, row.data(), qa.data(), n), ref.dot_q(t, row.data(), qa.data(), n), sc, 1e-5),
             L + " dot_q " + type_traits(static_cast<uint32_t>(t)).name);
-      // 3 and 11 activation rows (partial tiles, more than one tile of 8), strided NaN-filled output.
+      // 3, 11 and 17 activation rows (partial tiles, one and two tiles of 8), strided NaN-filled output.
       bool okb = true;
-      for (const int T : {3, 11}) {
+      for (const int T : {3, 11, 17}) {
         auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
         std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
         for (int r = 0; r < T; ++r) ref.quantize_act(acts.data() + r * n, qt.data() + r * n / kQK, n);

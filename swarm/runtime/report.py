@@ -103,6 +103,22 @@ class ReportMixin:
         return {"workers": [dataclasses.asdict(p) for p in by_worker],
                 "explanation": explain_parked(by_worker) if by_worker else "no agent is parked"}  # fmt: skip
 
+    def kv_moves(self) -> dict[str, int]:
+        """What the moves of this run did with the agents' KV (from the events): ships, failed ships, and the
+        history tokens moved agents had to re-prefill (a worker counts only its own sessions' re-prefills)."""
+        ev = self.events
+        shipped = [e for e in ev if e["event"] == "shipped"]
+        moves = [e for e in ev if e["event"] == "moved" and e.get("dst")]
+        shipped_tokens = sum(int(e.get("tokens", 0)) for e in shipped)
+        return {
+            "moves": len(moves),
+            "shipped": len(shipped),
+            "ship_failed": sum(1 for e in ev if e["event"] == "ship_failed"),
+            "shipped_bytes": sum(int(e.get("bytes", 0)) for e in shipped),
+            "shipped_tokens": shipped_tokens,
+            "reprefilled_after_moves_tokens": max(0, sum(int(e.get("history", 0)) for e in moves) - shipped_tokens),
+        }
+
     def info(self) -> dict[str, Any]:
         with self.lock:
             names = [a.name for a in self.agents.values()]
@@ -153,6 +169,7 @@ class ReportMixin:
             },  # fmt: skip
             "events": self.events,
             "lifecycle": {w: lifecycle_view(st.get("lifecycle"), None) for w, st in states.items()},
+            "kv_moves": self.kv_moves(),
             "parked": self.parked_summary(states),
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -1,13 +1,14 @@
 // The Vulkan backend: instance and device selection, device-local buffers filled through a staging
 // buffer, compute pipelines from the SPIR-V embedded at build time, one descriptor set per op, and
 // a fence per submission. Every failing Vulkan call throws naming the call and its VkResult.
-// NOTE: ops run synchronously (record, submit, wait); batching a whole forward into one command
-// buffer is the next step once model.cpp calls the backend (docs/GPU.md).
+// NOTE: ops are recorded into one command buffer (a barrier between each) and submitted when the host
+// needs a result: download, sync, an upload, or kSetsPerSubmit ops; a forward step is then a few
+// submissions instead of one per op (on lavapipe under load each submission costs milliseconds).
 #include "vulkan_backend.h"
 
 #include <algorithm>
-#include <chrono>  // H4TEMP
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,6 +30,7 @@ constexpr uint32_t kMaxApi = VK_API_VERSION_1_3;    // integer dot product is co
 constexpr uint32_t kPushBytes = 64;                 // largest push-constant block of any shader (attention: 48 bytes)
 constexpr uint32_t kMaxGroups = 65535;              // maxComputeWorkGroupCount guaranteed per axis
 constexpr size_t kStagingChunk = size_t{64} << 20;  // bytes per staging copy
+constexpr uint32_t kSetsPerSubmit = 1024;           // ops recorded before a submission (descriptor sets)
 constexpr uint32_t kMatmulRowsPerPass = 8;          // ROWS_PER_PASS in matmul.comp
 constexpr uint32_t kMatmulSgThreads = 256;          // THREADS in matmul.comp's SUBGROUP variant
 constexpr uint32_t kGatedThreads = 256;             // THREADS in gated.comp
@@ -393,6 +395,9 @@ class VulkanBackend : public Backend {
                                   std::to_string(n) + " (0.." + std::to_string(n - 1) + "; see `swarm devices`)");
     }
     info_ = describe(inst, index);
+    // KVSWARM_VULKAN_SUBGROUP=0 keeps the matmul on its plain variant (tests run both on one device).
+    const char* sg_env = std::getenv("KVSWARM_VULKAN_SUBGROUP");
+    use_subgroup_ = info_.subgroup_arithmetic && !(sg_env != nullptr && std::string(sg_env) == "0");
     ctx_->inst = &inst;
     ctx_->physical = inst.devices[index];
     inst.api.vkGetPhysicalDeviceMemoryProperties(ctx_->physical, &ctx_->mem);
@@ -431,18 +436,21 @@ class VulkanBackend : public Backend {
     check(d.vkAllocateCommandBuffers(ctx_->device, &ci, &cmd_), "vkAllocateCommandBuffers");
     VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     check(d.vkCreateFence(ctx_->device, &fi, nullptr, &fence_), "vkCreateFence");
-    // One op in flight at a time: a pool of one set with up to kMaxBindings buffers, reset per op.
-    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kMaxBindings};
+    // One set per recorded op (up to kMaxBindings buffers each), reset after each submission.
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerSubmit * kMaxBindings};
     VkDescriptorPoolCreateInfo dpi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-    dpi.maxSets = 1;
+    dpi.maxSets = kSetsPerSubmit;
     dpi.poolSizeCount = 1;
     dpi.pPoolSizes = &size;
     check(d.vkCreateDescriptorPool(ctx_->device, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
   }
 
   ~VulkanBackend() override {
-    if (getenv("H4PROF")) for (auto& [k, v] : h4prof_) fprintf(stderr, "H4PROF %s %.3f\n", k.c_str(), v);  // H4TEMP
     const auto& d = ctx_->d;
+    try {
+      sync();  // recorded ops finish before their pipelines go
+    } catch (...) {  // NOTE: a device lost here has nobody left to tell; the handles are freed anyway
+    }
     staging_.reset();
     for (auto& [name, p] : pipelines_) {
       d.vkDestroyPipeline(ctx_->device, p.pipeline, nullptr);
@@ -511,7 +519,7 @@ class VulkanBackend : public Backend {
     // The subgroup variant (matmul_sg_<type>, where built and the device runs subgroupAdd) reduces a row
     // per subgroup, THREADS / subgroup_size rows per workgroup; the plain one a row per workgroup.
     const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
-    const bool use_sg = info_.subgroup_arithmetic && embedded(sg);
+    const bool use_sg = use_subgroup_ && embedded(sg);
     const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
     const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
     const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
@@ -603,7 +611,10 @@ class VulkanBackend : public Backend {
     dispatch(shader, {&q, &pool, &blocks, &out}, &pc, sizeof pc, uint32_t(s.n_head), uint32_t(s.T), 1);
   }
 
-  void sync() override {}  // every op waits for its fence
+  void sync() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    flush();
+  }
 
   bool has_matmul(GgmlType type) const override { return matmul_shader(type) != nullptr; }
 
@@ -613,7 +624,11 @@ class VulkanBackend : public Backend {
     range_check(s, bytes, src_offset, "copy");
     range_check(d, bytes, dst_offset, "copy");
     if (&s == &d) throw std::invalid_argument("vulkan copy: source and destination are one buffer");
-    if (bytes > 0) copy(s.handle(), src_offset, d.handle(), dst_offset, bytes);
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    record();  // a device copy is recorded like an op
+    VkBufferCopy region{src_offset, dst_offset, bytes};
+    ctx_->d.vkCmdCopyBuffer(cmd_, s.handle(), d.handle(), 1, &region);
   }
 
   void add(Buffer& y, const Buffer& b, int64_t n, int64_t period) override {
@@ -767,9 +782,33 @@ class VulkanBackend : public Backend {
     check(d.vkResetFences(ctx_->device, 1, &fence_), "vkResetFences");
   }
 
+  // Starts the command buffer, or puts a barrier after what it holds: every op sees the writes before it.
+  void record() {
+    if (!recording_) {
+      begin();
+      recording_ = true;
+      return;
+    }
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
+    ctx_->d.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb,
+                                 0, nullptr, 0, nullptr);
+  }
+
+  // Submits what is recorded and waits for it (mu_ held).
+  void flush() {
+    if (!recording_) return;
+    recording_ = false;
+    sets_used_ = 0;
+    submit_and_wait();
+    check(ctx_->d.vkResetDescriptorPool(ctx_->device, desc_pool_, 0), "vkResetDescriptorPool");
+  }
+
+  // A staging copy, after the recorded ops, submitted at once (upload and download wait for it).
   void copy(VkBuffer src, size_t src_off, VkBuffer dst, size_t dst_off, size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
-    begin();
+    record();
     VkBufferCopy region{src_off, dst_off, n};
     ctx_->d.vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // the copy is visible to host reads (download)
@@ -777,7 +816,7 @@ class VulkanBackend : public Backend {
     mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
     ctx_->d.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
                                  nullptr, 0, nullptr);
-    submit_and_wait();
+    flush();
   }
 
   static bool embedded(const std::string& name) {
@@ -842,13 +881,14 @@ class VulkanBackend : public Backend {
     const Pipeline& p = pipeline(shader);
     if (bufs.size() != p.bindings || push_bytes > kPushBytes) throw std::logic_error("vulkan: " + shader + " misbound");
     const auto& d = ctx_->d;
-    check(d.vkResetDescriptorPool(ctx_->device, desc_pool_, 0), "vkResetDescriptorPool");
+    if (sets_used_ == kSetsPerSubmit) flush();
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = desc_pool_;
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &p.set_layout;
     VkDescriptorSet set = VK_NULL_HANDLE;
     check(d.vkAllocateDescriptorSets(ctx_->device, &ai, &set), "vkAllocateDescriptorSets");
+    ++sets_used_;
     VkDescriptorBufferInfo infos[kMaxBindings];
     VkWriteDescriptorSet writes[kMaxBindings];
     uint32_t i = 0;
@@ -865,19 +905,16 @@ class VulkanBackend : public Backend {
     d.vkUpdateDescriptorSets(ctx_->device, i, writes, 0, nullptr);
     uint8_t pc[kPushBytes] = {};
     std::memcpy(pc, push, push_bytes);
-    begin();
+    record();
     d.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline);
     d.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, &set, 0, nullptr);
     d.vkCmdPushConstants(cmd_, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushBytes, pc);
     d.vkCmdDispatch(cmd_, gx, gy, gz);
-    auto H4T0 = std::chrono::steady_clock::now();
-    submit_and_wait();
-    h4prof_[shader + "/" + std::to_string(gx) + "x" + std::to_string(gy) + "x" + std::to_string(gz)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - H4T0).count();
   }
-  std::map<std::string, double> h4prof_;  // H4TEMP
 
   std::shared_ptr<Context> ctx_;
   VulkanDeviceInfo info_;
+  bool use_subgroup_ = false;  // matmul_sg_<type> where embedded
   uint32_t queue_family_ = 0;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
@@ -886,7 +923,9 @@ class VulkanBackend : public Backend {
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
   std::unique_ptr<VkBuf> staging_;
   std::map<std::string, Pipeline> pipelines_;
-  std::mutex mu_;  // one op records and submits at a time
+  bool recording_ = false;  // cmd_ holds ops not yet submitted
+  uint32_t sets_used_ = 0;  // descriptor sets of those ops
+  std::mutex mu_;           // one op records and submits at a time
 };
 
 }  // namespace

@@ -1,0 +1,294 @@
+"""The engine's forward on the Vulkan backend (issue 16) against the CPU engine, on Mesa's lavapipe.
+
+Engine(backend="vulkan") runs native/device_forward.cpp: weights, activations and the paged KV pool's
+bytes on the device, sampling on the host. Its logits are checked against the CPU engine (model.cpp) and
+against backend "cpu-ops" (the same forward over the CPU backend's ops, the device path's reference) on
+the tiny models of every architecture it runs and on the default model, for the weight formats with a
+matmul shader x the KV formats; greedy ids against the CPU engine's; batch invariance (bit-equal logits
+alone and in a batch of four); the KV budget refusing one block too many exactly as the CPU pool does.
+
+Skipped, with the reason, when the module has no Vulkan backend or no device is present;
+KVSWARM_REQUIRE_VULKAN=1 (CI) makes that a failure. KVSWARM_VULKAN_DEVICE=N picks a device (default:
+lavapipe, else device 0). lavapipe runs on the CPU, so prompts are short and most logits are produced
+for a few positions only (the earlier ones prefilled by `step`, which computes no logits).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tinymodels import default_model_file, tiny_model
+
+from worker import _native
+from worker.engine import Engine, KvBudgetError, Sampling
+
+REQUIRE_VULKAN = os.environ.get("KVSWARM_REQUIRE_VULKAN") == "1"
+
+# Named limits, as a share of the largest |logit| of the CPU engine's rows.
+# Both engines compute in float32 (the CPU engine with float_activations, so quantized weights are decoded
+# and dotted in float as the shaders do; keys in f32/f16 are scored in float by both): they differ in
+# summation order only. n-term float32 sums err by ~n * 2^-24 relative (n <= 576 here: 3e-5) per op;
+# measured 7e-7 on the tiny models. The same limit holds against backend cpu-ops for every KV format
+# (both score float queries against the same stored rows).
+FLOAT_REL_LIMIT = 1e-4
+# Keys in q8_0, q8_head or q4_0: the CPU engine scores them against queries rounded to 8 bits
+# (model.cpp's integer-dot attention; a query element moves by up to half a step, amax/254), the device
+# against float queries. Measured 1.2e-2 on the tiny models (gemma3, q8_0); the limit allows 4x that.
+QUERY_Q8_REL_LIMIT = 5e-2
+# Greedy ids must agree where the CPU engine's best logit leads the second by more than this share of the
+# largest |logit| (where they are closer, float32 rounding may legitimately pick either).
+GREEDY_CLEAR_MARGIN = 1e-2
+
+QUANTIZED_KEYS = ("q8_0", "q8_head", "q4_0")
+PROMPT = [1, 5, 9, 33, 70, 2, 8, 100, 11, 12, 13, 40, 41, 42, 43, 44, 45]
+GEMMA_WINDOW_PROMPT = 40  # tokens: past gemma3's sliding window of 32, so its sliding layers drop blocks
+SCORED = 4  # logits compared for the last SCORED tokens of a prompt
+BLOCK_TOKENS = 4  # small blocks: a prompt spans many, prefill chunks start inside them
+CHUNK = 5  # max_batch_tokens
+
+
+def _pick_device() -> tuple[int | None, str]:
+    """(device index, "") or (None, why there is none)."""
+    if not _native.has_vulkan():
+        return None, "this build has no Vulkan backend (apt-get install libvulkan-dev glslc mesa-vulkan-drivers)"
+    try:
+        devices: list[dict[str, Any]] = _native.vulkan_devices()
+    except RuntimeError as e:
+        return None, f"Vulkan unavailable: {e}"
+    if not devices:
+        return None, "the Vulkan loader found no device (apt-get install mesa-vulkan-drivers for lavapipe)"
+    if "KVSWARM_VULKAN_DEVICE" in os.environ:
+        return int(os.environ["KVSWARM_VULKAN_DEVICE"]), ""
+    for d in devices:
+        if d["driver_name"] == "llvmpipe" or d["name"].startswith("llvmpipe"):
+            return int(d["index"]), ""
+    return int(devices[0]["index"]), ""
+
+
+DEVICE, NO_DEVICE_REASON = _pick_device()
+
+
+@pytest.fixture(scope="module")
+def device() -> int:
+    if DEVICE is None:
+        if REQUIRE_VULKAN:
+            pytest.fail(f"KVSWARM_REQUIRE_VULKAN=1 but {NO_DEVICE_REASON}")
+        pytest.skip(NO_DEVICE_REASON)
+    return DEVICE
+
+
+def make_engine(path: Path, backend: str, device: int, **kw: Any) -> Engine:
+    opts: dict[str, Any] = {"block_tokens": BLOCK_TOKENS, "max_batch_tokens": CHUNK, "float_activations": True}
+    opts.update(kw)
+    return Engine(path, backend=backend, device=device if backend == "vulkan" else 0, **opts)
+
+
+def tail_logits(eng: Engine, prompt: list[int], scored: int = SCORED) -> np.ndarray:
+    """Logits (scored, vocab) after each of the prompt's last `scored` tokens; the rest is prefilled by step."""
+    sid = eng.add_sequence(prompt[:-scored], generate=False)
+    while eng.busy():
+        eng.step()
+    return eng.score(sid, prompt[-scored:])
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def clear_argmax_agrees(got: np.ndarray, ref: np.ndarray) -> None:
+    """Rows where ref's best logit leads clearly pick the same token in got."""
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > GREEDY_CLEAR_MARGIN * np.abs(ref).max()
+    assert clear.any()
+    assert (got.argmax(1) == ref.argmax(1))[clear].all()
+
+
+# ---------------------------------------------------------------------------
+# Logits: every architecture x weight format, the KV formats, the default model
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("family", "weight_type"),
+    [
+        ("llama", "F32"),
+        ("llama", "Q8_0"),
+        ("llama", "Q4_0"),
+        ("llama", "Q4_1"),
+        ("llama3", "Q8_0"),
+        ("qwen2", "F32"),
+        ("qwen2", "Q8_0"),
+        ("qwen3", "F32"),
+        ("qwen3", "Q8_0"),
+        ("gemma3", "F32"),
+        ("gemma3", "Q8_0"),
+    ],
+)
+def test_logits_match_cpu_engine(device: int, family: str, weight_type: str) -> None:
+    path = tiny_model(family, weight_type)
+    cpu = make_engine(path, "cpu", device)
+    n = GEMMA_WINDOW_PROMPT if family == "gemma3" else len(PROMPT)
+    prompt = [(7 * i + 3) % cpu.config["n_vocab"] for i in range(n)] if family == "gemma3" else PROMPT
+    vk = make_engine(path, "vulkan", device)
+    assert vk.backend.startswith("vulkan:")
+    ref, got = tail_logits(cpu, prompt), tail_logits(vk, prompt)
+    assert rel_err(got, ref) <= FLOAT_REL_LIMIT
+    clear_argmax_agrees(got, ref)
+    # The KV accounting is the CPU pool's (the bytes live on the device).
+    kv_fields = ("bytes_per_token", "block_bytes", "bytes_reserved", "bytes_used", "bytes_allocated", "blocks_in_use")
+    assert {k: vk.memory()[k] for k in kv_fields} == {k: cpu.memory()[k] for k in kv_fields}
+
+
+KV_PAIRS = [
+    ("f32", "f32"),
+    ("f16", "f16"),
+    ("q8_0", "q8_0"),
+    ("q8_head", "q8_head"),
+    ("q4_0", "q4_0"),
+    ("f16", "q4_0"),
+    ("q8_head", "f32"),
+    ("q4_0", "q8_0"),
+    ("f32", "q8_head"),
+]
+
+
+@pytest.mark.parametrize(("kv_k", "kv_v"), KV_PAIRS)
+def test_kv_formats(device: int, kv_k: str, kv_v: str) -> None:
+    path = tiny_model("qwen2", "F32")  # GQA 2:1, two KV heads
+    logits = {
+        b: tail_logits(make_engine(path, b, device, kv_k=kv_k, kv_v=kv_v), PROMPT) for b in ("cpu", "cpu-ops", "vulkan")
+    }
+    # The device's K/V rows (kv_store.comp) and attention (attention_rows.comp) against the CPU backend's ops.
+    assert rel_err(logits["vulkan"], logits["cpu-ops"]) <= FLOAT_REL_LIMIT
+    limit = QUERY_Q8_REL_LIMIT if kv_k in QUANTIZED_KEYS else FLOAT_REL_LIMIT
+    assert rel_err(logits["vulkan"], logits["cpu"]) <= limit
+    clear_argmax_agrees(logits["vulkan"], logits["cpu"])
+
+
+@pytest.mark.parametrize(("kv_k", "kv_v"), [("f16", "f16"), ("q8_0", "q4_0")])
+def test_default_model(device: int, kv_k: str, kv_v: str) -> None:
+    path = default_model_file()
+    cpu = Engine(path, kv_k=kv_k, kv_v=kv_v, float_activations=True, max_batch_tokens=8)
+    vk = Engine(path, kv_k=kv_k, kv_v=kv_v, backend="vulkan", device=device, max_batch_tokens=8)
+    prompt = cpu.encode_prompt("The capital of France is Paris. The capital of Italy is")
+    ref, got = tail_logits(cpu, prompt, 2), tail_logits(vk, prompt, 2)
+    limit = QUERY_Q8_REL_LIMIT if kv_k in QUANTIZED_KEYS else FLOAT_REL_LIMIT
+    assert rel_err(got, ref) <= limit
+    clear_argmax_agrees(got, ref)
+
+
+def test_greedy_golden_default_model(device: int) -> None:
+    """Greedy ids on the device equal the CPU engine's at every step where the CPU's choice is clear."""
+    path = default_model_file()
+    n_new = 8
+    runs: dict[str, tuple[list[int], list[float]]] = {}
+    for backend in ("cpu", "vulkan"):
+        eng = Engine(path, backend=backend, device=device if backend == "vulkan" else 0, float_activations=True)
+        sid = eng.add_sequence(eng.encode_prompt("Once upon a time"), Sampling(max_new_tokens=n_new))
+        ids, margins = [], []
+        while eng.busy():
+            out = eng.step()
+            if sid in out:
+                row = eng.last_logits()[0]
+                top2 = np.sort(row)[-2:]
+                ids.append(out[sid])
+                margins.append(float((top2[1] - top2[0]) / np.abs(row).max()))
+        runs[backend] = (ids, margins)
+    cpu_ids, cpu_margins = runs["cpu"]
+    vk_ids, _ = runs["vulkan"]
+    assert len(cpu_ids) == len(vk_ids) == n_new
+    # Compare up to the first unclear step (after it the histories may differ legitimately).
+    clear = next((i for i, m in enumerate(cpu_margins) if m <= GREEDY_CLEAR_MARGIN), n_new)
+    assert clear >= 1
+    assert vk_ids[:clear] == cpu_ids[:clear]
+
+
+# ---------------------------------------------------------------------------
+# Batch invariance, the KV pool on the device, errors
+# ---------------------------------------------------------------------------
+
+
+def test_batch_invariance(device: int) -> None:
+    """A sequence's logits at every step are bit-equal alone and in a batch of four (decodes and prefill
+    chunks of the others in the same steps)."""
+    eng = make_engine(tiny_model("llama", "Q8_0"), "vulkan", device, max_batch_tokens=6)
+    n_vocab = eng.config["n_vocab"]
+    prompts = [[(31 * i + 7 * s) % n_vocab for i in range(n)] for s, n in ((1, 5), (2, 13), (3, 1), (4, 9))]
+    n_new = 4
+
+    def run(group: list[list[int]]) -> list[list[np.ndarray]]:
+        ids = [eng.add_sequence(p, Sampling(max_new_tokens=n_new)) for p in group]
+        rows: dict[int, list[np.ndarray]] = {i: [] for i in ids}
+        while eng.busy():
+            out = eng.step()
+            logits = eng.last_logits()
+            for r, sid in enumerate(out):  # rows follow the returned pairs' order
+                rows[sid].append(logits[r].copy())
+        for i in ids:
+            eng.free(i)
+        return [rows[i] for i in ids]
+
+    alone = [run([p])[0] for p in prompts]
+    together = run(prompts)
+    for a, t in zip(alone, together, strict=True):
+        assert len(a) == len(t) == n_new
+        for x, y in zip(a, t, strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_kv_budget_refuses_one_block_too_many(device: int) -> None:
+    """A budget of three blocks: the same refusals, finish reasons and accounting on both backends."""
+    path = tiny_model("llama", "F32")
+    block_bytes = make_engine(path, "cpu", device).memory()["block_bytes"]
+    budget = 3 * block_bytes
+    prompt = PROMPT[: 3 * BLOCK_TOKENS]  # exactly three blocks
+    seen: dict[str, Any] = {}
+    for backend in ("cpu", "vulkan"):
+        eng = make_engine(path, backend, device, kv_budget_bytes=budget)
+        sid = eng.add_sequence(prompt, Sampling(max_new_tokens=4))
+        steps = []
+        while eng.busy():
+            steps.append(eng.step())
+        # Prefill fits; the first sampled token's KV needs a fourth block.
+        info = eng.info(sid)
+        assert info["finish_reason"] == "kv_budget"
+        assert info["n_past"] == len(prompt)
+        mem = eng.memory()
+        assert mem["bytes_reserved"] == budget and mem["blocks_in_use"] == 3
+        # score(): one block too many raises, holding nothing new.
+        other = eng.add_sequence([], generate=False)
+        with pytest.raises(KvBudgetError):
+            eng.score(other, [1])
+        eng.free(sid)
+        eng.score(other, prompt)  # the three blocks are free again
+        seen[backend] = (steps, info, mem["bytes_reserved"], mem["bytes_allocated"], eng.memory()["bytes_used"])
+    assert seen["vulkan"] == seen["cpu"]
+
+
+def test_fill_kv_on_device(device: int) -> None:
+    """fill_kv writes its synthetic rows into the device pool (through host copies of the blocks)."""
+    path = tiny_model("llama", "F32")
+    logits = {}
+    for backend in ("cpu", "cpu-ops", "vulkan"):
+        eng = make_engine(path, backend, device)
+        sid = eng.add_sequence(PROMPT[:3], generate=False)
+        eng.score(sid, [])
+        eng.fill_kv(sid, 2 * BLOCK_TOKENS + 3, seed=5)  # crosses two block boundaries
+        logits[backend] = eng.score(sid, PROMPT[3:5])
+    assert rel_err(logits["vulkan"], logits["cpu-ops"]) <= FLOAT_REL_LIMIT
+    assert rel_err(logits["vulkan"], logits["cpu"]) <= FLOAT_REL_LIMIT  # the same rows as the host pool's
+
+
+def test_errors(device: int) -> None:
+    path = tiny_model("llama", "F32")
+    with pytest.raises(ValueError, match="unknown backend 'metal'"):
+        Engine(path, backend="metal")
+    with pytest.raises(ValueError, match="vulkan device 99 does not exist"):
+        Engine(path, backend="vulkan", device=99)
+    with pytest.raises(ValueError, match="qwen3moe .* does not run on the device yet"):
+        Engine(tiny_model("qwen3moe", "F32"), backend="vulkan", device=device)
