@@ -602,6 +602,48 @@ PYBIND11_MODULE(_native, m) {
     kn.attn_accum(vf, vb.data(), 0, 1, w.data(), 1, acc.mutable_data(), G, hd);
     return py::make_tuple(scores, acc);
   });
+  m.def("_kernel_attn_rows", [](const std::string& level, const std::string& kfmt, const std::string& vfmt,
+                                py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                                py::array_t<float, py::array::c_style | py::array::forcecast> v,
+                                py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                                py::array_t<float, py::array::c_style | py::array::forcecast> w) {
+    // k, v: (cnt, hd) rows stored in kfmt / vfmt; q: (G, hd); w: (G, cnt)
+    // -> (scores (G, cnt) = q_g . k_j, acc (G, hd) = sum_j w[g, j] v_j), one call of each kernel
+    if (k.ndim() != 2 || v.ndim() != 2 || q.ndim() != 2 || w.ndim() != 2) {
+      throw std::invalid_argument("_kernel_attn_rows: k, v, q, w must be 2-D");
+    }
+    const int cnt = static_cast<int>(k.shape(0)), hd = static_cast<int>(k.shape(1));
+    const int G = static_cast<int>(q.shape(0));
+    if (v.shape(0) != cnt || v.shape(1) != hd || q.shape(1) != hd || w.shape(0) != G || w.shape(1) != cnt ||
+        G > kMaxGroup || hd > kMaxHeadDim) {
+      throw std::invalid_argument("_kernel_attn_rows: expected k, v (cnt, hd), q (G, hd), w (G, cnt), G <= " +
+                                  std::to_string(kMaxGroup));
+    }
+    const KvFormat kf = kv_format_from_string(kfmt), vf = kv_format_from_string(vfmt);
+    const size_t kr = kv_row_bytes(kf, hd), vr = kv_row_bytes(vf, hd);
+    std::vector<uint8_t> kb(kr * cnt), vb(vr * cnt);
+    for (int j = 0; j < cnt; ++j) {
+      kv_store_row(kf, k.data() + static_cast<size_t>(j) * hd, kb.data() + j * kr, hd);
+      kv_store_row(vf, v.data() + static_cast<size_t>(j) * hd, vb.data() + j * vr, hd);
+    }
+    const Kernels& kn = kernels_for(level);
+    std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
+    for (int g = 0; g < G && hd % kQK == 0; ++g) {
+      if (kf == KvFormat::Q8_HEAD) {
+        quantize_head(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+      } else {
+        kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
+      }
+    }
+    py::array_t<float> scores({G, cnt});
+    std::fill(scores.mutable_data(), scores.mutable_data() + static_cast<size_t>(G) * cnt,
+              std::numeric_limits<float>::quiet_NaN());
+    kn.attn_scores(kf, kb.data(), kr, cnt, q.data(), qq.data(), G, hd, scores.mutable_data(), cnt);
+    py::array_t<float> acc({G, hd});
+    std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
+    kn.attn_accum(vf, vb.data(), vr, cnt, w.data(), cnt, acc.mutable_data(), G, hd);
+    return py::make_tuple(scores, acc);
+  });
   m.def("_kernel_exp_sum",
         [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x, float mx) {
           py::array_t<float> out(x.size());

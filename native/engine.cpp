@@ -50,7 +50,10 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   }
   pool_ = std::make_unique<ThreadPool>(opt.threads);
   if (opt.backend == "vulkan" || opt.backend == "cpu-ops") {
-    backend_ = opt.backend == "vulkan" ? make_backend("vulkan", opt.device) : make_backend("cpu", opt.device);
+    if (opt.backend == "cpu-ops" && opt.device != 0) {
+      throw std::invalid_argument("backend cpu-ops has one device (0), got device " + std::to_string(opt.device));
+    }
+    backend_ = opt.backend == "vulkan" ? make_backend("vulkan", opt.device) : make_cpu_backend(opt.float_activations);
     device_ = std::make_unique<DeviceForward>(*model_, *backend_, *kern_);
   } else if (opt.backend != "cpu") {
     throw std::invalid_argument("unknown backend '" + opt.backend + "' (expected cpu, vulkan or cpu-ops)");

@@ -40,7 +40,8 @@ struct EngineOptions {
   bool prefix_sharing = true;
   // Where the forward runs (issue 16): "cpu" (model.cpp, the kernels/ table), "vulkan" (device_forward.cpp
   // over the Vulkan backend: weights, activations and the KV pool's bytes on the device; sampling on the
-  // host), or "cpu-ops" (device_forward.cpp over the CPU backend's ops: the reference for vulkan, slow).
+  // host), or "cpu-ops" (device_forward.cpp over the CPU backend's ops: the reference for vulkan, slow;
+  // with float_activations its matmuls are float32 like the shaders').
   std::string backend = "cpu";
   int device = 0;  // vulkan: the device index (vulkan_devices())
 };

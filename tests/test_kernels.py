@@ -172,6 +172,35 @@ def test_attention_kernels_match_float64(isa: str, kf: str, group: int) -> None:
 
 
 @pytest.mark.parametrize("isa", ISA_LEVELS)
+@pytest.mark.parametrize("kf", ATTN_FORMATS)
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12])
+@pytest.mark.parametrize("hd", [64, 96, 128])
+def test_attention_blocks_match_float64(isa: str, kf: str, group: int, hd: int) -> None:
+    """A block of 21 K/V rows (8-row score groups and a tail) scored against a GQA group and
+    accumulated with softmax-like weights: every group size the bodies specialise on (1-8) and a
+    run-time one (12); head dims with a pair of 32-element blocks and an odd one (96)."""
+    rng = np.random.default_rng(29 + group + hd)
+    cnt = 21
+    k = rng.standard_normal((cnt, hd)).astype(np.float32)
+    v = rng.standard_normal((cnt, hd)).astype(np.float32)
+    q = rng.standard_normal((group, hd)).astype(np.float32)
+    w = rng.uniform(0, 1, (group, cnt)).astype(np.float32)
+    scores, acc = _native._kernel_attn_rows(isa, kf, kf, k, v, q, w)
+    kd = np.stack([_native._kv_roundtrip("ref", kf, row)[0] for row in k]).astype(np.float64)
+    vd = np.stack([_native._kv_roundtrip("ref", kf, row)[0] for row in v]).astype(np.float64)
+    if kf in ("f32", "f16"):
+        qd = q.astype(np.float64)
+    elif kf == "q8_head":
+        qd = np.stack([refmodel.rt_q8_query_head(row) for row in q])
+    else:
+        qd = np.stack([refmodel.rt_q8_act(row) for row in q])
+    want_scores = qd @ kd.T  # (G, cnt)
+    assert (np.abs(scores - want_scores) <= 1e-5 * (np.abs(qd) @ np.abs(kd.T)) + 1e-6).all()
+    want_acc = w.astype(np.float64) @ vd  # (G, hd)
+    assert (np.abs(acc - want_acc) <= 1e-5 * (w.astype(np.float64) @ np.abs(vd)) + 1e-6).all()
+
+
+@pytest.mark.parametrize("isa", ISA_LEVELS)
 def test_exp_sum_matches_float64(isa: str) -> None:
     rng = np.random.default_rng(19)
     x = rng.uniform(-60, 0, 203).astype(np.float32)  # odd length: the scalar tail runs

@@ -128,7 +128,9 @@ class Backend {
 };
 
 // The CPU backend over the active kernel table (kernels/): host buffers, ops run at once.
-std::unique_ptr<Backend> make_cpu_backend();
+// float_activations: quantized weights are decoded and dotted in float32 (as the Vulkan shaders do)
+// instead of against 8-bit activation blocks (Workspace::float_activations).
+std::unique_ptr<Backend> make_cpu_backend(bool float_activations = false);
 // "cpu" or "vulkan" (device index among vulkan_devices()). Throws std::invalid_argument for an
 // unknown name and std::runtime_error naming what to install when Vulkan was not built or is absent.
 std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0);

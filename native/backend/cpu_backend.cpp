@@ -41,7 +41,7 @@ void need(const Buffer& b, size_t bytes, const char* what) {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend() : k_(active_kernels()) {}
+  explicit CpuBackend(bool float_activations) : k_(active_kernels()), float_activations_(float_activations) {}
   std::string name() const override { return "cpu"; }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
@@ -62,7 +62,7 @@ class CpuBackend : public Backend {
     const uint8_t* W = host(w).data();
     const auto* X = reinterpret_cast<const float*>(host(x).data());
     auto* Y = reinterpret_cast<float*>(host(y).data());
-    if (type_is_quantized(type)) {
+    if (type_is_quantized(type) && !float_activations_) {
       const int64_t nb = cols / kQK;
       std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
       for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
@@ -294,12 +294,13 @@ class CpuBackend : public Backend {
 
  private:
   const Kernels& k_;
+  bool float_activations_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_cpu_backend(bool float_activations) {
+  return std::make_unique<CpuBackend>(float_activations);
 }
 
 }  // namespace kvs

@@ -92,19 +92,6 @@ void main() {
     const uint rbase = r * p.row_bytes;
     float acc[ROWS_PER_PASS];
     [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = 0.0;
-#if WTYPE == 0
-    for (uint b = gl_SubgroupInvocationID; b < nblk; b += gl_SubgroupSize) {
-      const uint e0x = b * QK;
-      const uint nex = min(uint(QK), p.cols - e0x);
-      for (uint i = 0; i < nex; ++i) {
-        const float wv = uintBitsToFloat(w[(rbase >> 2) + e0x + i]);
-        [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) {
-          if (t < nt) acc[t] += wv * x[(t0 + t) * p.cols + e0x + i];
-        }
-      }
-    }
-    if (false)
-#endif
     for (uint b = gl_SubgroupInvocationID; b < nblk; b += gl_SubgroupSize) {
       float v[QK];
       decode(rbase, b, v);
