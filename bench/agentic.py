@@ -142,6 +142,9 @@ def run(w: Workload, lifecycle: str, park_dir: Path) -> dict[str, Any]:
                 done = time.monotonic()
                 a.running = False
                 a.turn_s.append(done - a.submitted_at)
+                finished = sum(len(x.turn_s) for x in agents)
+                if finished % w.agents == 0:  # progress, about once per round of turns
+                    print(f"  {lifecycle}: {finished}/{w.agents * w.turns} turns, {done - t0:.0f} s", file=sys.stderr)
                 i = int(name.rsplit("-", 1)[1])
                 if a.turn + 1 >= w.turns or ev["reason"] == "error":
                     a.ended = done

@@ -326,8 +326,8 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
                        size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
-                       const std::string& isa, bool float_activations, bool prefix_sharing,
-                       const std::string& backend, int device) {
+                       const std::string& isa, bool float_activations, bool prefix_sharing, const std::string& backend,
+                       int device) {
              EngineOptions o;
              o.model_path = model;
              o.kv_k = kv_k;

@@ -95,7 +95,7 @@ DeviceForward::DeviceForward(const Model& model, Backend& backend, const Kernels
 
 DeviceForward::~DeviceForward() {
   try {
-    be_.sync();  // recorded ops finish before their buffers go
+    be_.sync();    // recorded ops finish before their buffers go
   } catch (...) {  // NOTE: a lost device has nobody left to tell; the buffers are freed anyway
   }
 }
@@ -171,8 +171,8 @@ void DeviceForward::flush_blocks() {
 
 size_t DeviceForward::scratch_bytes() const {
   size_t n = 0;
-  for (const auto* b : {&x_, &xn_, &y_, &q_, &qn_, &attn_, &k_, &kn_, &v_, &g_, &u_, &h_, &rows_, &swa_rows_, &tables_,
-                        &swa_tables_, &cs_, &swa_cs_, &logits_in_, &logits_}) {
+  for (const auto* b : {&x_, &xn_, &y_,    &q_,        &qn_,     &attn_,       &k_,  &kn_,     &v_,         &g_,
+                        &u_, &h_,  &rows_, &swa_rows_, &tables_, &swa_tables_, &cs_, &swa_cs_, &logits_in_, &logits_}) {
     if (*b) n += (*b)->bytes();
   }
   return n;

@@ -41,8 +41,7 @@ class DeviceForward {
 
   // Model::forward's contract: K/V of the items into the pools' device bytes, logits (sum over items of
   // (n - logits_from), n_vocab) in item order. kv, swa_kv: the engine's pools (host_storage false).
-  void forward(const std::vector<BatchItem>& items, const KvPool& kv, const KvPool* swa_kv,
-               std::vector<float>& logits);
+  void forward(const std::vector<BatchItem>& items, const KvPool& kv, const KvPool* swa_kv, std::vector<float>& logits);
 
   // Host access for KV rows the engine writes itself (fill_kv): a host copy of block `block` of `pool`
   // (downloaded on first use; swa: the sliding pool), valid until flush_blocks(), which uploads them.

@@ -1,15 +1,15 @@
 #include "engine.h"
 
-#include "backend/backend.h"
-#include "device_forward.h"
-#include "kv_transfer.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "backend/backend.h"
+#include "device_forward.h"
+#include "kv_transfer.h"
 
 namespace kvs {
 

@@ -19,8 +19,8 @@
 namespace kvs {
 
 struct KvSnapshotSource;  // kv_transfer.h
-class Backend;           // backend/backend.h
-class DeviceForward;     // device_forward.h
+class Backend;            // backend/backend.h
+class DeviceForward;      // device_forward.h
 
 struct EngineOptions {
   std::string model_path;

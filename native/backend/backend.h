@@ -112,8 +112,7 @@ class Backend {
   virtual void add(Buffer& y, const Buffer& b, int64_t n, int64_t period) = 0;
   // In place: X (T, n_head, head_dim) turned by RoPE from a host-made table CS (T, n_rot/2, 2) of
   // (cos, sin) per row and pair; pairs as `style`, dims past n_rot untouched.
-  virtual void rope_table(Buffer& x, const Buffer& cs, int T, int n_head, int head_dim, int n_rot,
-                          RopePairs style) = 0;
+  virtual void rope_table(Buffer& x, const Buffer& cs, int T, int n_head, int head_dim, int n_rot, RopePairs style) = 0;
   // Stores SRC (T, n_kv_head, head_dim) f32 into the pool as `format` rows (kv_store_row's encoding):
   // the row of (row t, kv head h) at byte block * block_bytes + part_offset + (h * block_tokens + slot) *
   // kv_row_bytes(format, head_dim), block and slot from row t's position (RowTable).

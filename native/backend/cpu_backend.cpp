@@ -203,7 +203,8 @@ class CpuBackend : public Backend {
       for (int h = 0; h < n_head; ++h) {
         float* xh = X + (static_cast<size_t>(t) * n_head + h) * head_dim;
         for (int i = 0; i < half; ++i) {
-          const float c = CS[(static_cast<size_t>(t) * half + i) * 2], s = CS[(static_cast<size_t>(t) * half + i) * 2 + 1];
+          const float c = CS[(static_cast<size_t>(t) * half + i) * 2],
+                      s = CS[(static_cast<size_t>(t) * half + i) * 2 + 1];
           const int ia = style == RopePairs::kAdjacent ? 2 * i : i;
           const int ib = style == RopePairs::kAdjacent ? 2 * i + 1 : i + half;
           const float a = xh[ia], b = xh[ib];
@@ -266,10 +267,11 @@ class CpuBackend : public Backend {
       auto row = [&](int p, int hk, size_t part, size_t rb) {
         const size_t entry = static_cast<size_t>(first) + p / s.block_tokens;
         if (entry >= n_entries || TB[entry] < 0 || static_cast<size_t>(TB[entry]) >= n_blocks) {
-          throw std::invalid_argument("cpu attention_rows: row " + std::to_string(t) + " has no pool block for position " +
-                                      std::to_string(p));
+          throw std::invalid_argument("cpu attention_rows: row " + std::to_string(t) +
+                                      " has no pool block for position " + std::to_string(p));
         }
-        return P + TB[entry] * s.block_bytes + part + (static_cast<size_t>(hk) * s.block_tokens + p % s.block_tokens) * rb;
+        return P + TB[entry] * s.block_bytes + part +
+               (static_cast<size_t>(hk) * s.block_tokens + p % s.block_tokens) * rb;
       };
       sc.resize(pos + 1 - lo);
       for (int h = 0; h < s.n_head; ++h) {

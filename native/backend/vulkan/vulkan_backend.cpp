@@ -448,7 +448,7 @@ class VulkanBackend : public Backend {
   ~VulkanBackend() override {
     const auto& d = ctx_->d;
     try {
-      sync();  // recorded ops finish before their pipelines go
+      sync();        // recorded ops finish before their pipelines go
     } catch (...) {  // NOTE: a device lost here has nobody left to tell; the handles are freed anyway
     }
     staging_.reset();
@@ -673,9 +673,15 @@ class VulkanBackend : public Backend {
     own(pool, "pool");
     own(tables, "tables");
     const uint32_t chunks = format == KvFormat::Q8_HEAD ? 1u : uint32_t((head_dim + 31) / 32);
-    const uint32_t pc[9] = {uint32_t(rt.T),        uint32_t(n_kv_head),      uint32_t(head_dim),
-                            uint32_t(rt.block_tokens), uint32_t(rt.block_bytes), uint32_t(part_offset),
-                            uint32_t(rb),          uint32_t(format),         uint32_t(pool.bytes() / rt.block_bytes)};
+    const uint32_t pc[9] = {uint32_t(rt.T),
+                            uint32_t(n_kv_head),
+                            uint32_t(head_dim),
+                            uint32_t(rt.block_tokens),
+                            uint32_t(rt.block_bytes),
+                            uint32_t(part_offset),
+                            uint32_t(rb),
+                            uint32_t(format),
+                            uint32_t(pool.bytes() / rt.block_bytes)};
     const uint64_t n = uint64_t(rt.T) * n_kv_head * chunks;
     const uint64_t groups = (n + kKvStoreThreads - 1) / kKvStoreThreads;
     if (groups > kMaxGroups) throw std::invalid_argument("vulkan kv_store: too many rows for one dispatch");
@@ -792,8 +798,8 @@ class VulkanBackend : public Backend {
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
     mb.dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
-    ctx_->d.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb,
-                                 0, nullptr, 0, nullptr);
+    ctx_->d.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1,
+                                 &mb, 0, nullptr, 0, nullptr);
   }
 
   // Submits what is recorded and waits for it (mu_ held).

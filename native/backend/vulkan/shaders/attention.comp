@@ -36,7 +36,17 @@ shared float sc[CHUNK];
 
 uint byte_at(uint off) { return (kv[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu; }
 int sbyte_at(uint off) { return int(byte_at(off) << 24) >> 24; }
-float half_at(uint off) { return unpackHalf2x16((kv[off >> 2] >> ((off & 2u) * 8u)) & 0xFFFFu).x; }
+// IEEE half bits -> float, exact for subnormal halves too (unpackHalf2x16 may flush them to zero, and a
+// flushed q8_0 / q4_0 scale zeroes a whole block of 32 elements).
+float h2f(uint h) {
+  const uint e = (h >> 10) & 31u;
+  const uint m = h & 1023u;
+  const float s = (h & 0x8000u) != 0u ? -1.0 : 1.0;
+  if (e == 0u) return s * float(m) * 5.9604644775390625e-8;  // m * 2^-24
+  if (e == 31u) return uintBitsToFloat(((h & 0x8000u) << 16) | 0x7F800000u | (m << 13));
+  return uintBitsToFloat(((h & 0x8000u) << 16) | ((e + 112u) << 23) | (m << 13));
+}
+float half_at(uint off) { return h2f((kv[off >> 2] >> ((off & 2u) * 8u)) & 0xFFFFu); }
 float f32_at(uint off) {
   const uint s = (off & 3u) * 8u;
   const uint lo = kv[off >> 2] >> s;

@@ -45,6 +45,15 @@ void put_u32(uint off, uint v) {
   }
 }
 
+// a / b rounded to nearest, as the CPU divides (Vulkan lets a plain `/` err by 2.5 ulp, and a scale
+// one ulp off moves quants across a rounding boundary): one correction step on the residual.
+float div_rn(float a, float b) {
+  precise float q = a / b;
+  precise float r = fma(-q, b, a);
+  precise float c = fma(r, 1.0 / b, q);
+  return c;
+}
+
 // IEEE half of f, round to nearest even (kvs::fp32_to_fp16).
 uint f2h(float f) {
   const uint x = floatBitsToUint(f);
@@ -83,18 +92,24 @@ void main() {
   } else if (p.fmt == 2u) {  // BlockQ8_0 {f16 d; i8 qs[32]}: d = amax / 127
     float amax = 0.0;
     for (uint i = 0; i < QK; ++i) amax = max(amax, abs(src[x0 + e0 + i]));
-    const float d = amax / 127.0;
-    const float id = d != 0.0 ? 1.0 / d : 0.0;
+    const float d = div_rn(amax, 127.0);
+    const float id = d != 0.0 ? div_rn(1.0, d) : 0.0;
     const uint blk_off = row + c * 34u;
     put_u16(blk_off, f2h(d));
-    for (uint i = 0; i < QK; ++i) put_byte(blk_off + 2u + i, uint(int(roundEven(src[x0 + e0 + i] * id))));
+    for (uint i = 0; i < QK; ++i) {
+      precise float v = src[x0 + e0 + i] * id;
+      put_byte(blk_off + 2u + i, uint(int(roundEven(v))));
+    }
   } else if (p.fmt == 3u) {  // [f32 scale][i8 q[head_dim]]: scale = amax / 127 over the row
     float amax = 0.0;
     for (uint i = 0; i < p.head_dim; ++i) amax = max(amax, abs(src[x0 + i]));
-    const float s = amax / 127.0;
-    const float is = s != 0.0 ? 1.0 / s : 0.0;
+    const float s = div_rn(amax, 127.0);
+    const float is = s != 0.0 ? div_rn(1.0, s) : 0.0;
     put_u32(row, floatBitsToUint(s));
-    for (uint i = 0; i < p.head_dim; ++i) put_byte(row + 4u + i, uint(int(roundEven(src[x0 + i] * is))));
+    for (uint i = 0; i < p.head_dim; ++i) {
+      precise float v = src[x0 + i] * is;
+      put_byte(row + 4u + i, uint(int(roundEven(v))));
+    }
   } else {  // BlockQ4_0 {f16 d; u8 qs[16]}: the signed value of largest magnitude maps to -8
     float amax = 0.0;
     float vmax = 0.0;
@@ -105,13 +120,17 @@ void main() {
         vmax = v;
       }
     }
-    const float d = vmax / -8.0;
-    const float id = d != 0.0 ? 1.0 / d : 0.0;
+    const float d = vmax * -0.125;  // vmax / -8, exact
+    const float id = d != 0.0 ? div_rn(1.0, d) : 0.0;
     const uint blk_off = row + c * 18u;
     put_u16(blk_off, f2h(d));
     for (uint i = 0; i < QK / 2; ++i) {
-      const uint lo = uint(min(15, int(src[x0 + e0 + i] * id + 8.5)));
-      const uint hi = uint(min(15, int(src[x0 + e0 + i + QK / 2] * id + 8.5)));
+      precise float a = src[x0 + e0 + i] * id;  // no fused multiply-add: the CPU rounds the product
+      precise float b = src[x0 + e0 + i + QK / 2] * id;
+      a += 8.5;
+      b += 8.5;
+      const uint lo = uint(min(15, int(a)));
+      const uint hi = uint(min(15, int(b)));
       put_byte(blk_off + 2u + i, lo | (hi << 4));
     }
   }

@@ -45,7 +45,17 @@ shared float red[ROWS_PER_PASS][THREADS];
 
 uint byte_at(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xFFu; }
 // o even: halves never straddle a word.
-float half_at(uint o) { return unpackHalf2x16((w[o >> 2] >> ((o & 2u) * 8u)) & 0xFFFFu).x; }
+// IEEE half bits -> float, exact for subnormal halves too (unpackHalf2x16 may flush them to zero, and a
+// flushed q8_0 / q4_0 scale zeroes a whole block of 32 elements).
+float h2f(uint h) {
+  const uint e = (h >> 10) & 31u;
+  const uint m = h & 1023u;
+  const float s = (h & 0x8000u) != 0u ? -1.0 : 1.0;
+  if (e == 0u) return s * float(m) * 5.9604644775390625e-8;  // m * 2^-24
+  if (e == 31u) return uintBitsToFloat(((h & 0x8000u) << 16) | 0x7F800000u | (m << 13));
+  return uintBitsToFloat(((h & 0x8000u) << 16) | ((e + 112u) << 23) | (m << 13));
+}
+float half_at(uint o) { return h2f((w[o >> 2] >> ((o & 2u) * 8u)) & 0xFFFFu); }
 
 // Elements b*32 .. b*32+31 of the row at byte rbase (zeros past cols for the float formats).
 void decode(uint rbase, uint b, out float v[QK]) {
