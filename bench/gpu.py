@@ -18,7 +18,8 @@ make it lower).
 
 --cpu-peer also runs every cell on the CPU engine in the same run and prints GPU / CPU tokens/s.
 --quick (lavapipe, CI: correctness of the script, no meaningful figures): f16 and q8_0, 1 and 4
-sequences, depths 0 and 64, 3 steps, a 64 MiB bandwidth copy.
+sequences, depths 0 and 64, 3 steps, a 64 MiB bandwidth copy (--kv, --seqs, --depths, --steps given
+on the command line win).
 The record goes to bench/results/gpu.json (gpu-<model>.json for another --model), with the device,
 its driver and the date.
 """
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import peer
 from peer import record_name, write_record  # bench/peer.py (bench scripts run from bench/)
 
 from swarm.gguf_header import read_geometry
@@ -47,6 +49,8 @@ TOKEN = 504  # the token every sequence feeds at its first decode step (any id i
 BANDWIDTH_BYTES = 1 << 30  # bytes per timed copy: large enough that submission overhead is ~1% on a fast GPU
 QUICK_BANDWIDTH_BYTES = 64 << 20
 BANDWIDTH_REPEATS = 5  # the fastest copy counts (a bandwidth is a best case, like the step it bounds)
+FULL: dict[str, Any] = {"kv": list(KV_FORMATS), "seqs": [1, 16, 64], "depths": [0, 4096], "steps": 8}
+QUICK: dict[str, Any] = {"kv": ["f16", "q8_0"], "seqs": [1, 4], "depths": [0, 64], "steps": 3}
 
 
 @dataclass(frozen=True)
@@ -106,16 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF path or a `swarm models` name (default: SmolLM2-135M)")
     ap.add_argument("--device", type=int, default=0, help="Vulkan device index (`swarm devices`)")
-    ap.add_argument("--kv", nargs="+", default=list(KV_FORMATS), choices=KV_FORMATS, help="KV formats (K = V)")
-    ap.add_argument("--seqs", nargs="+", type=int, default=[1, 16, 64], help="sequences decoding at once")
-    ap.add_argument("--depths", nargs="+", type=int, default=[0, 4096], help="cached positions per sequence")
-    ap.add_argument("--steps", type=int, default=8, help="timed decode steps per cell (their median counts)")
+    ap.add_argument("--kv", nargs="+", choices=KV_FORMATS, help="KV formats, K = V (default: every format)")
+    ap.add_argument("--seqs", nargs="+", type=int, help="sequences decoding at once (default: 1 16 64)")
+    ap.add_argument("--depths", nargs="+", type=int, help="cached positions per sequence (default: 0 4096)")
+    ap.add_argument("--steps", type=int, help="timed decode steps per cell, their median counts (default: 8)")
     ap.add_argument("--threads", type=int, default=2, help="host threads (the CPU peer's compute threads)")
     ap.add_argument("--cpu-peer", action="store_true", help="also time every cell on the CPU engine")
     ap.add_argument("--quick", action="store_true", help="a few small cells (lavapipe: checks the script runs)")
+    ap.add_argument("--out", default=None, help="folder for the record (default: bench/results)")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.kv, args.seqs, args.depths, args.steps = ["f16", "q8_0"], [1, 4], [0, 64], 3
+    # Defaults (--quick: QUICK); a value given on the command line wins either way.
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.steps < 1 or min(args.seqs) < 1 or min(args.depths) < 0:
         ap.error("--steps and --seqs must be positive, --depths at least 0")
     try:
@@ -170,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(path), "device": args.device, "kv": args.kv, "seqs": args.seqs, "depths": args.depths,
         "steps": args.steps, "threads": args.threads, "quick": args.quick, "copy_bytes": copy_bytes,
     }  # fmt: skip
+    if args.out:
+        peer.RESULTS = Path(args.out)  # write_record's folder
     out = write_record(
         record_name("gpu", args.model) + ("-quick" if args.quick else ""), params, cells,
         gpu=gpu.to_dict(), copy_bandwidth_bytes_per_s=bandwidth,

@@ -283,6 +283,20 @@ def test_kv_budget_refuses_one_block_too_many(device: int) -> None:
     assert seen["vulkan"] == seen["cpu"]
 
 
+def test_prefix_sharing_on_device(device: int) -> None:
+    """A second sequence with the same first blocks holds them (the first's device rows) and scores the
+    same logits after them as the first did."""
+    eng = make_engine(tiny_model("llama", "F32"), "vulkan", device)
+    shared = PROMPT[: 2 * BLOCK_TOKENS]
+    tail = PROMPT[2 * BLOCK_TOKENS : 2 * BLOCK_TOKENS + 2]
+    first = eng.add_sequence([], generate=False)
+    ref = eng.score(first, shared + tail)[len(shared) :]
+    second = eng.add_sequence(shared, generate=False)
+    mem = eng.memory()
+    assert mem["blocks_shared"] == 2 and mem["prefix_tokens_reused"] == len(shared)
+    assert np.array_equal(eng.score(second, tail), ref)
+
+
 def test_fill_kv_on_device(device: int) -> None:
     """fill_kv writes its synthetic rows into the device pool (through host copies of the blocks)."""
     path = tiny_model("llama", "F32")
