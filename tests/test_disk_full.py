@@ -8,9 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +18,7 @@ grpc = pytest.importorskip("grpc")
 
 from engine_alone import greedy_alone  # noqa: E402 (tests/)
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from swarm_harness import until  # noqa: E402 (tests/)
 
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
@@ -80,16 +79,6 @@ def _health(c: SwarmClient, service: str) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 
-def _until(pred: Any, what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_full_disk_refuses_new_jobs_pauses_running_ones_and_recovers(small_disk: Path) -> None:
     conn = scheduler.connect(None, kv_bytes=8 * 10**9)
     srv = serve(conn=conn, port=0, token=TOKEN, out_root=small_disk, echo=lambda m: None)
@@ -111,7 +100,7 @@ def test_a_full_disk_refuses_new_jobs_pauses_running_ones_and_recovers(small_dis
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
             assert "disk under --out" in (e.value.details() or "") and "full" in e.value.details()
             assert "rollback" not in e.value.details()
-            _until(lambda: run.record_error, "the swarm to notice it cannot record")
+            until(lambda: run.record_error, "the swarm to notice it cannot record")
             assert _health(c, swarm_health_name("disk")) == "NOT_SERVING"
             assert _health(c, "") == "SERVING"
             assert run.state == "running"  # paused, not failed
@@ -120,7 +109,7 @@ def test_a_full_disk_refuses_new_jobs_pauses_running_ones_and_recovers(small_dis
                 list(c.stream(running.id, len(seen), timeout=3, retries=0))
             assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             filler.unlink()  # space returns
-            _until(lambda: not run.record_error, "recording to resume on its own")
+            until(lambda: not run.record_error, "recording to resume on its own")
             assert _health(c, swarm_health_name("disk")) == "SERVING"
             for ev in stream:  # the same stream goes on
                 seen += ev.token_ids

@@ -23,36 +23,16 @@ grpc = pytest.importorskip("grpc")
 
 from engine_alone import greedy_alone  # noqa: E402 (tests/)
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from swarm_harness import SYSTEM, WAIT_S, finish, two_worker_config, until  # noqa: E402 (tests/)
 
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import serve, swarm_health_name  # noqa: E402
 
 TOKEN = "faults-token"
-SYSTEM = "You are a helpful assistant. Answer briefly."
 ASK = [("user", "Name three colors.")]
 ALONE = [{"role": r, "content": c} for r, c in [("system", SYSTEM), *ASK]]
-CONFIG = f"""
-name: flt
-agents:
-  - name: helper
-    count: 2
-    context: 512
-    system_prompt: {SYSTEM}
-    max_new_tokens: 16
-workers:
-  - name: a
-    kind: virtual
-    device: x86-host
-  - name: b
-    kind: virtual
-    device: x86-host
-policy:
-  formats: [q8_0]
-engine:
-  threads: 1
-"""
-WAIT_S = 180.0  # a restart on a loaded 2-core machine: Ray placement plus a model load
+CONFIG = two_worker_config("flt", 16)
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +40,6 @@ def conn():  # type: ignore[no-untyped-def]
     c = scheduler.connect(None, kv_bytes=8 * 10**9)
     yield c
     scheduler.disconnect(c)
-
-
-def _until(pred: Any, what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _finish(c: SwarmClient, job_id: str) -> tuple[list[int], Any]:
-    toks: list[int] = []
-    for ev in c.stream(job_id, retries=20):
-        assert ev.offset == len(toks), f"gap or repeat at {ev.offset}"
-        toks += ev.token_ids
-        if ev.done:
-            return toks, ev.job
-    raise AssertionError(f"the stream of {job_id} ended without the job ending")
 
 
 def _health(c: SwarmClient, service: str) -> str:
@@ -152,11 +112,11 @@ def test_a_job_the_engine_refuses_fails_alone_and_the_swarm_goes_on(conn: schedu
                                  sampling={"top_p": 1e-300})[0]  # fmt: skip
             after = c.submit("flt", agent="helper-0", messages=ASK, max_tokens=12)[0]  # queued behind it
             beside = c.submit("flt", agent="helper-1", messages=ASK, max_tokens=12)[0]
-            _, bad_end = _finish(c, bad.id)
+            _, bad_end = finish(c, bad.id)
             assert bad_end.state == "failed" and "top_p" in bad_end.error, bad_end
             want = greedy_alone(ALONE, 12)
             for job in (after, beside):
-                toks, end = _finish(c, job.id)
+                toks, end = finish(c, job.id)
                 assert end.state == "done" and toks == want  # the failed turn left no trace in helper-0's history
             assert run.state == "running"
             assert not any(e["event"] == "worker_lost" for e in run.events)  # no worker died for it
@@ -180,8 +140,8 @@ def test_every_worker_killed_at_once_jobs_wait_and_finish(conn: scheduler.Connec
         with SwarmClient(srv.target, token=TOKEN) as c:
             c.launch(CONFIG)
             first = [c.submit("flt", agent=f"helper-{i}", messages=ASK, max_tokens=12)[0] for i in range(2)]
-            _until(lambda: all(c.job(j.id).state != "queued" for j in first), "the first jobs to start")
-            pids = _until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "two workers")
+            until(lambda: all(c.job(j.id).state != "queued" for j in first), "the first jobs to start")
+            pids = until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "two workers")
             for pid in pids.values():
                 os.kill(pid, signal.SIGKILL)  # every worker at once
             # Accepted while no worker runs: they wait for the restart, none is refused.
@@ -190,17 +150,17 @@ def test_every_worker_killed_at_once_jobs_wait_and_finish(conn: scheduler.Connec
             oneoff = c.submit("flt", new_agent=True, messages=ASK, max_tokens=12)[0]
             want = greedy_alone(ALONE, 12)
             for j in first:
-                toks, end = _finish(c, j.id)
+                toks, end = finish(c, j.id)
                 assert end.state == "done" and toks == want, end
             for j in later:
-                assert _finish(c, j.id)[1].state == "done"
-            toks, end = _finish(c, oneoff.id)
+                assert finish(c, j.id)[1].state == "done"
+            toks, end = finish(c, oneoff.id)
             assert end.state == "done" and toks == greedy_alone([{"role": "user", "content": ASK[0][1]}], 12)
             run = srv.hub.swarm("flt")
             assert run.state == "running"
             lost = {e["worker"] for e in run.events if e["event"] == "worker_lost"}
             assert lost == {"a", "b"}, [e for e in run.events if e["event"] != "placed"]
-            now = _until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "both workers back")
+            now = until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "both workers back")
             assert set(now.values()).isdisjoint(pids.values())  # new processes
     finally:
         srv.stop()
@@ -218,13 +178,13 @@ def test_a_swarm_no_worker_can_start_fails_frees_its_resources_and_relaunches(co
                 raise scheduler.SchedulerError("drill: this node cannot start workers")
 
             run.sched.start_workers = no_start  # type: ignore[method-assign]
-            pids = _until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "two workers")
+            pids = until(lambda: (p := _worker_pids("flt")) and len(p) == 2 and p, "two workers")
             for pid in pids.values():
                 os.kill(pid, signal.SIGKILL)
             waiting = c.submit("flt", agent="helper-0", messages=ASK, max_tokens=8)[0]  # accepted: a restart is due
-            _until(lambda: run.state == "failed", "the swarm to fail after its restarts failed", timeout=120)
+            until(lambda: run.state == "failed", "the swarm to fail after its restarts failed", timeout=120)
             assert "no worker can be started" in run.error
-            end = _finish(c, waiting.id)[1]
+            end = finish(c, waiting.id)[1]
             assert end.state == "failed" and "no worker can be started" in end.error
             # The store, the API and the health check agree.
             assert srv.hub.store.swarm_state("flt")[0] == "failed"  # type: ignore[index]
@@ -238,7 +198,7 @@ def test_a_swarm_no_worker_can_start_fails_frees_its_resources_and_relaunches(co
             left = scheduler.placement("flt")
             assert not left["workers"] and not left["placement_groups"], left
             c.launch(CONFIG)
-            toks, end = _finish(c, c.submit("flt", agent="helper-1", messages=ASK, max_tokens=12)[0].id)
+            toks, end = finish(c, c.submit("flt", agent="helper-1", messages=ASK, max_tokens=12)[0].id)
             assert end.state == "done" and toks == greedy_alone(ALONE, 12)
             assert _health(c, swarm_health_name("flt")) == "SERVING"
             assert srv.hub.store.swarm_state("flt") == ("running", "")
@@ -317,7 +277,7 @@ def test_nothing_of_a_killed_drivers_ray_outlives_the_next_start() -> None:
         assert second.stdout is not None
         second_owner = second.stdout.readline().strip()
         assert second_owner, "the second driver did not start"
-        _until(lambda: not _ray_processes(owner), "the first driver's Ray processes to be gone", timeout=30)
+        until(lambda: not _ray_processes(owner), "the first driver's Ray processes to be gone", timeout=30)
     finally:
         for p in (first, second):
             if p is not None and p.poll() is None:

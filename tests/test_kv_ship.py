@@ -18,37 +18,18 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 
 grpc = pytest.importorskip("grpc")
 
+from swarm_harness import SYSTEM, WAIT_S, finish, two_worker_config, until  # noqa: E402 (tests/)
+
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import serve  # noqa: E402
 from worker.service import WorkerSpec  # noqa: E402
 
 TOKEN = "ship-token"
-SYSTEM = "You are a helpful assistant. Answer briefly."
 ASK = [("user", "Name three colors.")]
 AGAIN = [("user", "Now name three animals.")]
 MAX_NEW = 12
-CONFIG = f"""
-name: shp
-agents:
-  - name: helper
-    count: 2
-    context: 512
-    system_prompt: {SYSTEM}
-    max_new_tokens: {MAX_NEW}
-workers:
-  - name: a
-    kind: virtual
-    device: x86-host
-  - name: b
-    kind: virtual
-    device: x86-host
-policy:
-  formats: [q8_0]
-engine:
-  threads: 1
-"""
-WAIT_S = 180.0  # a start on a loaded 2-core machine: Ray placement plus a model load
+CONFIG = two_worker_config("shp", MAX_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -58,32 +39,12 @@ def conn():  # type: ignore[no-untyped-def]
     scheduler.disconnect(c)
 
 
-def _until(pred: Any, what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _finish(c: SwarmClient, job_id: str) -> tuple[list[int], Any]:
-    toks: list[int] = []
-    for ev in c.stream(job_id, retries=20):
-        assert ev.offset == len(toks), f"gap or repeat at {ev.offset}"
-        toks += ev.token_ids
-        if ev.done:
-            return toks, ev.job
-    raise AssertionError(f"the stream of {job_id} ended without the job ending")
-
-
 def _turn(c: SwarmClient, agents: list[str], messages: list[tuple[str, str]]) -> dict[str, list[int]]:
     """One job per agent, submitted together; their tokens once every one is done."""
     jobs = {a: c.submit("shp", agent=a, messages=messages, max_tokens=MAX_NEW)[0] for a in agents}
     out = {}
     for a, j in jobs.items():
-        toks, end = _finish(c, j.id)
+        toks, end = finish(c, j.id)
         assert end.state == "done", end
         out[a] = toks
     return out
@@ -104,7 +65,7 @@ def test_a_drain_ships_idle_agents_kv_and_the_destination_restores_it(conn: sche
             first = _turn(c, agents, ASK)
             assert first["helper-0"] == first["helper-1"]  # the same conversation, greedy
             # GetPlacement over gRPC: each agent's session idle between turns, its KV in its worker's pool
-            idle = _until(lambda: (s := _sessions(c)) and all(a in s and s[a][1].state == "idle" for a in agents)
+            idle = until(lambda: (s := _sessions(c)) and all(a in s and s[a][1].state == "idle" for a in agents)
                           and s, "both sessions idle")  # fmt: skip
             on = {a: idle[a][0] for a in agents}
             assert sorted(on.values()) == ["a", "b"], on  # one agent per worker
@@ -153,10 +114,10 @@ def test_a_ship_the_destination_refuses_falls_back_to_re_prefill_and_no_job_is_l
             c.launch(tiny)
             agents = ["helper-0", "helper-1"]
             jobs = {a: c.submit("shq", agent=a, messages=ASK, max_tokens=MAX_NEW)[0] for a in agents}
-            first = {a: _finish(c, j.id)[0] for a, j in jobs.items()}
+            first = {a: finish(c, j.id)[0] for a, j in jobs.items()}
             assert first["helper-0"] == first["helper-1"]
             run = srv.hub.swarm("shq")
-            _until(lambda: all(a.turn is None for a in run.agents.values()), "both turns to end")
+            until(lambda: all(a.turn is None for a in run.agents.values()), "both turns to end")
             on = {a: run.agents[a].worker for a in agents}
             moved = next(a for a in agents if on[a] == "a")
             history = len(run.agents[moved].history)
@@ -166,7 +127,7 @@ def test_a_ship_the_destination_refuses_falls_back_to_re_prefill_and_no_job_is_l
             assert "fit neither" in failed[0]["why"] and "re-prefills" in failed[0]["why"], failed
             assert not [e for e in run.events if e["event"] == "shipped"]
             jobs = {a: c.submit("shq", agent=a, messages=AGAIN, max_tokens=MAX_NEW)[0] for a in agents}
-            ends = {a: _finish(c, j.id) for a, j in jobs.items()}
+            ends = {a: finish(c, j.id) for a, j in jobs.items()}
             assert all(end.state == "done" for _, end in ends.values()), ends
             # re-prefilled from its history on b: the same tokens as the agent that never moved
             assert ends["helper-0"][0] == ends["helper-1"][0]

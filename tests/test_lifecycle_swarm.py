@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from swarm_harness import two_worker_config, until  # noqa: E402 (tests/)
 
 from swarm.errors import NoFeasiblePlan
 from swarm.planner import (
@@ -137,36 +137,19 @@ from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import serve  # noqa: E402
 
 TOKEN = "life-token"
-SYSTEM = "You are a helpful assistant. Answer briefly."
 MAX_NEW = 12
-WAIT_S = 180.0  # a restart on a loaded 2-core machine: Ray placement plus a model load
 
 
 def _config(park_dir: Path) -> str:
-    return f"""
-name: lfc
-agents:
-  - name: helper
-    count: 2
-    context: 512
-    system_prompt: {SYSTEM}
-    max_new_tokens: {MAX_NEW}
-workers:
-  - name: a
-    kind: virtual
-    device: x86-host
-  - name: b
-    kind: virtual
-    device: x86-host
-policy:
-  formats: [q8_0]
-engine:
-  threads: 1
-lifecycle:
+    return two_worker_config(
+        "lfc",
+        MAX_NEW,
+        extra=f"""lifecycle:
   policy: measured
   park_dir: {park_dir}
   park_disk_bytes: 64MiB
-"""
+""",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +157,6 @@ def conn():  # type: ignore[no-untyped-def]
     c = scheduler.connect(None, kv_bytes=8 * 10**9)
     yield c
     scheduler.disconnect(c)
-
-
-def _until(pred: Any, what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _turn(c: SwarmClient, agents: list[str], text: str) -> dict[str, list[int]]:
@@ -214,7 +187,7 @@ def test_a_disk_parked_session_survives_a_worker_sigkill_and_is_restored_from_di
             agents = ["helper-0", "helper-1"]
             first = _turn(c, agents, "Name three colors.")
             assert first["helper-0"] == first["helper-1"]
-            idle = _until(lambda: (s := _sessions(c)) and all(a in s and s[a][1].state == "idle" for a in agents)
+            idle = until(lambda: (s := _sessions(c)) and all(a in s and s[a][1].state == "idle" for a in agents)
                           and s, "both sessions idle")  # fmt: skip
             on = {a: idle[a][0] for a in agents}
             assert sorted(on.values()) == ["a", "b"], on
@@ -225,7 +198,7 @@ def test_a_disk_parked_session_survives_a_worker_sigkill_and_is_restored_from_di
             run = srv.hub.swarm("lfc")
             actor = run.sched.workers["a"].actor
             assert ray.get(actor.park.remote(parked, "disk"), timeout=60) == "disk"
-            st = _until(lambda: (x := _sessions(c)[parked][1]).state == "parked" and x, "GetPlacement to say parked")
+            st = until(lambda: (x := _sessions(c)[parked][1]).state == "parked" and x, "GetPlacement to say parked")
             assert (st.where, st.tokens) == ("disk", tokens), st
             life = next(w.lifecycle for w in c.placement("lfc").workers if w.worker == "a")
             assert life.parked == 1 and life.idle == 0 and life.parked_disk_bytes > 0, life
@@ -241,12 +214,12 @@ def test_a_disk_parked_session_survives_a_worker_sigkill_and_is_restored_from_di
 
             pid = run.sched.states()["a"]["pid"]  # type: ignore[index]
             os.kill(pid, signal.SIGKILL)
-            _until(lambda: any(e["event"] == "worker_lost" for e in run.events), "the loss to be seen")
+            until(lambda: any(e["event"] == "worker_lost" for e in run.events), "the loss to be seen")
             # the restarted worker indexes its park folder: the session is there again, parked on disk
-            back = _until(lambda: (s := _sessions(c)).get(parked) and s[parked][0] == "a" and s[parked][1].state
+            back = until(lambda: (s := _sessions(c)).get(parked) and s[parked][0] == "a" and s[parked][1].state
                           == "parked" and s, "the restarted worker to list the parked session")  # fmt: skip
             assert back[parked][1].where == "disk" and back[parked][1].tokens == tokens
-            now = _until(lambda: isinstance(x := run.sched.states().get("a"), dict) and x, "worker a to answer")
+            now = until(lambda: isinstance(x := run.sched.states().get("a"), dict) and x, "worker a to answer")
             assert now["pid"] != pid, run.events[-8:]  # a new process
 
             second = _turn(c, agents, "Now name three animals.")

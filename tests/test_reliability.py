@@ -19,35 +19,16 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 grpc = pytest.importorskip("grpc")
 
 from engine_alone import greedy_alone  # noqa: E402 (tests/)
+from swarm_harness import SYSTEM, two_worker_config  # noqa: E402 (tests/)
 
 from swarm import scheduler  # noqa: E402
 from swarm.client import SwarmClient  # noqa: E402
 from swarm.server import serve  # noqa: E402
 
 TOKEN = "rel-token"
-SYSTEM = "You are a helpful assistant. Answer briefly."
 LONG = [("user", "Count from 1 to 300, separated by commas.")]  # to an agent whose system prompt is SYSTEM
 ALONE = [{"role": r, "content": c} for r, c in [("system", SYSTEM), *LONG]]
-CONFIG = """
-name: rel
-agents:
-  - name: helper
-    count: 2
-    context: 512
-    system_prompt: You are a helpful assistant. Answer briefly.
-    max_new_tokens: 16
-workers:
-  - name: a
-    kind: virtual
-    device: x86-host
-  - name: b
-    kind: virtual
-    device: x86-host
-policy:
-  formats: [q8_0]
-engine:
-  threads: 1
-"""
+CONFIG = two_worker_config("rel", 16)
 
 
 @pytest.fixture(scope="module")
