@@ -260,8 +260,8 @@ def test_bench_gpu_quick_runs(vulkan_engine: int, tmp_path: Path) -> None:
 def test_swarm_with_a_vulkan_worker_and_a_cpu_worker(vulkan_engine: int, tmp_path: Path) -> None:
     """Two local workers on a real local Ray, one on the CPU and one on the GPU, planned from a recorded
     calibration (a decision is never taken from this machine's speed in a test): the planner splits the four
-    agents 2 + 2 (equal costs), each worker runs its agents' first turns, every agent finishes both turns,
-    and the GPU worker is named as such."""
+    agents 2 + 2 (equal costs), both workers serve turns, every agent finishes both turns, and the GPU worker
+    is named as such."""
     cal = str(CALIBRATION)
     raw = _config([{"name": "cpu", "calibration_file": cal},
                    {"name": "gpu", "backend": "vulkan", "device": vulkan_engine, "calibration_file": cal}])  # fmt: skip
@@ -281,12 +281,13 @@ def test_swarm_with_a_vulkan_worker_and_a_cpu_worker(vulkan_engine: int, tmp_pat
     assert all(a["finish"] == "done" for a in summary["agents"].values())
     devices = {w["worker"]: (w["device"], w["backend"]) for w in summary["initial_plan"]["workers"]}
     assert devices == {"cpu": ("local", "cpu"), "gpu": (f"vulkan:{vulkan_engine}", "vulkan")}
-    first_turns: dict[str, int] = {}  # {worker: agents whose first turn it ran}
+    served: dict[str, int] = {}  # {worker: turns it ran}
     for i in range(4):
         lines = (tmp_path / "run" / "agents" / f"a-{i}.jsonl").read_text().splitlines()
         replies = [rec for rec in map(json.loads, lines) if rec["role"] == "assistant"]
         assert len(replies) == 2 and all(0 < rep["tokens"] == len(rep["token_ids"]) for rep in replies)
-        first_turns[replies[0]["worker"]] = first_turns.get(replies[0]["worker"], 0) + 1
-    # Where the plan put them. NOTE: later turns may move (an agent that finishes frees room, and the runtime
-    # replans the rest where they run faster), so only the first turns are fixed.
-    assert first_turns == planned
+        for rep in replies:
+            served[rep["worker"]] = served.get(rep["worker"], 0) + 1
+    # NOTE: how many turns each worker runs is the runtime's choice (an agent that finishes frees room and the
+    # rest are replanned where they run faster: on lavapipe the CPU), so only "both served turns" is fixed.
+    assert set(served) == {"cpu", "gpu"} and sum(served.values()) == 8, served
