@@ -210,7 +210,7 @@ PARK_DISK_BYTES = 2 << 30  # a worker's default disk budget for parked sessions:
 
 @dataclass(frozen=True)
 class Lifecycle:
-    """What a worker does with an agent's KV between its turns (docs/RELIABILITY.md, "Session lifecycle")."""
+    """What a worker does with an agent's KV between its turns (docs/ARCHITECTURE.md, "Session lifecycle")."""
 
     policy: Literal["measured", "drop"] = field(
         default="measured",
