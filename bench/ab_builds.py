@@ -74,8 +74,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     for _ in range(args.rounds):
         for side, module in (("old", args.old), ("new", "")):
-            argv = [sys.executable, __file__, "--child", module, "--depths", *map(str, args.depths), "--kv", *args.kv,
-                    "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+            argv = [sys.executable, __file__, "--old", args.old, "--child", module, "--depths", *map(str, args.depths),
+                    "--kv", *args.kv, "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
             # cwd outside the tree: `worker` must come from sys.path[0] as set in _measure, not an installed copy
             p = subprocess.run(argv, capture_output=True, text=True, cwd="/tmp", env=dict(os.environ))
             if p.returncode != 0:
