@@ -18,11 +18,10 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from test_kquants import elements_per_block, random_blocks
+from vulkan_device import vulkan_device  # tests/
 
 from swarm.cli import main as swarm_main
 from worker import _native
-
-REQUIRE_VULKAN = os.environ.get("KVSWARM_REQUIRE_VULKAN") == "1"
 
 # The weight formats with a Vulkan matmul shader: matmul.comp (F32, F16, Q4_0, Q4_1, Q8_0) and
 # matmul_kquant.comp (the rest). Every format the CPU engine reads (test_every_cpu_weight_type_has_a_shader).
@@ -49,35 +48,9 @@ GATED_REL_LIMIT = 1e-5
 GATED_ABS_FLOOR = 1e-6
 
 
-def _pick_device() -> tuple[int | None, str]:
-    """(device index, "") or (None, why there is none)."""
-    if not _native.has_vulkan():
-        fix = "apt-get install libvulkan-dev glslc mesa-vulkan-drivers, then make build"
-        return None, f"this build has no Vulkan backend ({fix})"
-    try:
-        devices: list[dict[str, Any]] = _native.vulkan_devices()
-    except RuntimeError as e:
-        return None, f"Vulkan unavailable: {e}"
-    if not devices:
-        return None, "the Vulkan loader found no device (apt-get install mesa-vulkan-drivers for lavapipe)"
-    if "KVSWARM_VULKAN_DEVICE" in os.environ:
-        return int(os.environ["KVSWARM_VULKAN_DEVICE"]), ""
-    for d in devices:
-        if d["driver_name"] == "llvmpipe" or d["name"].startswith("llvmpipe"):
-            return int(d["index"]), ""
-    return int(devices[0]["index"]), ""
-
-
-DEVICE, NO_DEVICE_REASON = _pick_device()
-
-
 @pytest.fixture(scope="module")
 def device() -> int:
-    if DEVICE is None:
-        if REQUIRE_VULKAN:
-            pytest.fail(f"KVSWARM_REQUIRE_VULKAN=1 but {NO_DEVICE_REASON}")
-        pytest.skip(NO_DEVICE_REASON)
-    return DEVICE
+    return vulkan_device()
 
 
 def _dequantized_rows(wt: str, raw: bytes, rows: int, cols: int) -> np.ndarray:

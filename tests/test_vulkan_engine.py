@@ -15,18 +15,15 @@ for a few positions only (the earlier ones prefilled by `step`, which computes n
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from tinymodels import default_model_file, tiny_model
+from vulkan_device import vulkan_device  # tests/
 
-from worker import _native
 from worker.engine import Engine, KvBudgetError, Sampling
-
-REQUIRE_VULKAN = os.environ.get("KVSWARM_REQUIRE_VULKAN") == "1"
 
 # Named limits, as a share of the largest |logit| of the CPU engine's rows.
 # Both engines compute in float32 (the CPU engine with float_activations, so quantized weights are decoded
@@ -54,34 +51,9 @@ BLOCK_TOKENS = 4  # small blocks: a prompt spans many, prefill chunks start insi
 CHUNK = 5  # max_batch_tokens
 
 
-def _pick_device() -> tuple[int | None, str]:
-    """(device index, "") or (None, why there is none)."""
-    if not _native.has_vulkan():
-        return None, "this build has no Vulkan backend (apt-get install libvulkan-dev glslc mesa-vulkan-drivers)"
-    try:
-        devices: list[dict[str, Any]] = _native.vulkan_devices()
-    except RuntimeError as e:
-        return None, f"Vulkan unavailable: {e}"
-    if not devices:
-        return None, "the Vulkan loader found no device (apt-get install mesa-vulkan-drivers for lavapipe)"
-    if "KVSWARM_VULKAN_DEVICE" in os.environ:
-        return int(os.environ["KVSWARM_VULKAN_DEVICE"]), ""
-    for d in devices:
-        if d["driver_name"] == "llvmpipe" or d["name"].startswith("llvmpipe"):
-            return int(d["index"]), ""
-    return int(devices[0]["index"]), ""
-
-
-DEVICE, NO_DEVICE_REASON = _pick_device()
-
-
 @pytest.fixture(scope="module")
 def device() -> int:
-    if DEVICE is None:
-        if REQUIRE_VULKAN:
-            pytest.fail(f"KVSWARM_REQUIRE_VULKAN=1 but {NO_DEVICE_REASON}")
-        pytest.skip(NO_DEVICE_REASON)
-    return DEVICE
+    return vulkan_device()
 
 
 def device_of(backend: str, device: int) -> int:
