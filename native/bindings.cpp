@@ -281,6 +281,36 @@ void bind_backend(py::module_& m) {
       py::arg("v_offset"), py::arg("kv_k"), py::arg("kv_v"));
 }
 
+// One call of attn_scores and of attn_accum at `level` over cnt K/V rows stored in kfmt / vfmt:
+// k, v (cnt, hd); q (G, hd); w (G, cnt) -> (scores (G, cnt) = q_g . k_j, acc (G, hd) = sum_j w[g, j] v_j).
+py::tuple attn_block(const std::string& level, const std::string& kfmt, const std::string& vfmt, const float* k,
+                     const float* v, const float* q, const float* w, int cnt, int hd, int G) {
+  const KvFormat kf = kv_format_from_string(kfmt), vf = kv_format_from_string(vfmt);
+  const size_t kr = kv_row_bytes(kf, hd), vr = kv_row_bytes(vf, hd);
+  std::vector<uint8_t> kb(kr * cnt), vb(vr * cnt);
+  for (int j = 0; j < cnt; ++j) {
+    kv_store_row(kf, k + static_cast<size_t>(j) * hd, kb.data() + j * kr, hd);
+    kv_store_row(vf, v + static_cast<size_t>(j) * hd, vb.data() + j * vr, hd);
+  }
+  const Kernels& kn = kernels_for(level);
+  std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
+  for (int g = 0; g < G && hd % kQK == 0; ++g) {
+    if (kf == KvFormat::Q8_HEAD) {
+      quantize_head(q + g * hd, qq.data() + g * (hd / kQK), hd);
+    } else {
+      kn.quantize_act(q + g * hd, qq.data() + g * (hd / kQK), hd);
+    }
+  }
+  py::array_t<float> scores({G, cnt});
+  std::fill(scores.mutable_data(), scores.mutable_data() + static_cast<size_t>(G) * cnt,
+            std::numeric_limits<float>::quiet_NaN());
+  kn.attn_scores(kf, kb.data(), kr, cnt, q, qq.data(), G, hd, scores.mutable_data(), cnt);
+  py::array_t<float> acc({G, hd});
+  std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
+  kn.attn_accum(vf, vb.data(), vr, cnt, w, cnt, acc.mutable_data(), G, hd);
+  return py::make_tuple(scores, acc);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -582,25 +612,8 @@ PYBIND11_MODULE(_native, m) {
     if (v.size() != hd || q.size() != static_cast<py::ssize_t>(G) * hd || G > kMaxGroup || hd > kMaxHeadDim) {
       throw std::invalid_argument("_kernel_attn: bad shapes");
     }
-    const KvFormat kf = kv_format_from_string(kfmt), vf = kv_format_from_string(vfmt);
-    std::vector<uint8_t> kb(kv_row_bytes(kf, hd)), vb(kv_row_bytes(vf, hd));
-    kv_store_row(kf, k.data(), kb.data(), hd);
-    kv_store_row(vf, v.data(), vb.data(), hd);
-    const Kernels& kn = kernels_for(level);
-    std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
-    for (int g = 0; g < G && hd % kQK == 0; ++g) {
-      if (kf == KvFormat::Q8_HEAD) {
-        quantize_head(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
-      } else {
-        kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
-      }
-    }
-    py::array_t<float> scores(G);
-    kn.attn_scores(kf, kb.data(), 0, 1, q.data(), qq.data(), G, hd, scores.mutable_data(), 1);
-    py::array_t<float> acc({G, hd});
-    std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
-    kn.attn_accum(vf, vb.data(), 0, 1, w.data(), 1, acc.mutable_data(), G, hd);
-    return py::make_tuple(scores, acc);
+    py::tuple out = attn_block(level, kfmt, vfmt, k.data(), v.data(), q.data(), w.data(), 1, hd, G);
+    return py::make_tuple(out[0].cast<py::array_t<float>>().reshape({G}), out[1]);
   });
   m.def("_kernel_attn_rows", [](const std::string& level, const std::string& kfmt, const std::string& vfmt,
                                 py::array_t<float, py::array::c_style | py::array::forcecast> k,
@@ -619,30 +632,7 @@ PYBIND11_MODULE(_native, m) {
       throw std::invalid_argument("_kernel_attn_rows: expected k, v (cnt, hd), q (G, hd), w (G, cnt), G <= " +
                                   std::to_string(kMaxGroup));
     }
-    const KvFormat kf = kv_format_from_string(kfmt), vf = kv_format_from_string(vfmt);
-    const size_t kr = kv_row_bytes(kf, hd), vr = kv_row_bytes(vf, hd);
-    std::vector<uint8_t> kb(kr * cnt), vb(vr * cnt);
-    for (int j = 0; j < cnt; ++j) {
-      kv_store_row(kf, k.data() + static_cast<size_t>(j) * hd, kb.data() + j * kr, hd);
-      kv_store_row(vf, v.data() + static_cast<size_t>(j) * hd, vb.data() + j * vr, hd);
-    }
-    const Kernels& kn = kernels_for(level);
-    std::vector<BlockQ8A> qq(static_cast<size_t>(G) * (hd / kQK));
-    for (int g = 0; g < G && hd % kQK == 0; ++g) {
-      if (kf == KvFormat::Q8_HEAD) {
-        quantize_head(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
-      } else {
-        kn.quantize_act(q.data() + g * hd, qq.data() + g * (hd / kQK), hd);
-      }
-    }
-    py::array_t<float> scores({G, cnt});
-    std::fill(scores.mutable_data(), scores.mutable_data() + static_cast<size_t>(G) * cnt,
-              std::numeric_limits<float>::quiet_NaN());
-    kn.attn_scores(kf, kb.data(), kr, cnt, q.data(), qq.data(), G, hd, scores.mutable_data(), cnt);
-    py::array_t<float> acc({G, hd});
-    std::fill(acc.mutable_data(), acc.mutable_data() + static_cast<size_t>(G) * hd, 0.0f);
-    kn.attn_accum(vf, vb.data(), vr, cnt, w.data(), cnt, acc.mutable_data(), G, hd);
-    return py::make_tuple(scores, acc);
+    return attn_block(level, kfmt, vfmt, k.data(), v.data(), q.data(), w.data(), cnt, hd, G);
   });
   m.def("_kernel_exp_sum",
         [](const std::string& level, py::array_t<float, py::array::c_style | py::array::forcecast> x, float mx) {
