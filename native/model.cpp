@@ -391,16 +391,22 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
           kern.dequant_row(tgt[n]->w->type, tgt[n]->w->row(r), buf + n * cols, cols);
         }
       }
-      // Quantized rows: one batched call decodes each weight block once for all T rows.
-      for (int j = 0; j < n; ++j) {
+      // Quantized rows: one call per run of rows of the same target decodes each weight block once
+      // for all T activation rows (and, for the formats with a rows body, serves the run's rows together).
+      for (int j = 0; j < n;) {
         const Weight& w = *tgt[j]->w;
+        int e = j + 1;
+        while (e < n && tgt[e] == tgt[j]) ++e;
         if (is_quantized(w.type)) {
-          if (T == 1) {  // same arithmetic as the batched kernel, with no tile set-up
-            tgt[j]->out[row[j]] = kern.dot_q(w.type, w.row(row[j]), ws.xq.data(), cols);
-          } else {
-            kern.dot_q_batch(w.type, w.row(row[j]), ws.xq.data(), nb, T, cols, tgt[j]->out + row[j], w.rows);
+          const void* rows[kRowTile];
+          float* outs[kRowTile];
+          for (int i = j; i < e; ++i) {
+            rows[i - j] = w.row(row[i]);
+            outs[i - j] = tgt[i]->out + row[i];
           }
+          kern.dot_q_rows(w.type, rows, e - j, ws.xq.data(), nb, T, cols, outs, w.rows);
         }
+        j = e;
       }
       for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<size_t>(t) * cols;
@@ -538,6 +544,26 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
 
 }  // namespace
 
+void moe_route(const float* logits, int E, int K, int32_t* choice, float* weight) {
+  thread_local std::vector<float> p;  // (E,) probabilities; thread_local: no allocation per token
+  thread_local std::vector<int> order;
+  p.assign(logits, logits + E);
+  const float mx = *std::max_element(p.begin(), p.end());
+  double sum = 0.0;
+  for (int e = 0; e < E; ++e) sum += p[e] = std::exp(p[e] - mx);
+  for (int e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
+  order.resize(E);
+  for (int e = 0; e < E; ++e) order[e] = e;
+  std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                    [&](int x, int y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+  double kept = 0.0;
+  for (int k = 0; k < K; ++k) kept += p[order[k]];
+  for (int k = 0; k < K; ++k) {
+    choice[k] = order[k];
+    weight[k] = static_cast<float>(p[order[k]] / kept);
+  }
+}
+
 void Model::moe_ffn(const LayerWeights& L, int T, ThreadPool& pool, const Kernels& kern, Workspace& ws) const {
   const ModelConfig& c = cfg_;
   const int E = c.n_expert, K = c.n_expert_used, d = c.n_embd, F = c.n_ff_exp;
@@ -549,23 +575,11 @@ void Model::moe_ffn(const LayerWeights& L, int T, ThreadPool& pool, const Kernel
   fit(ws.moe_weight, st * K);
   fit(ws.moe_row, st * K);
   ws.moe_first.assign(static_cast<size_t>(E) + 1, 0);
-  std::vector<int> order(E);
   for (int t = 0; t < T; ++t) {
-    float* p = ws.moe_probs.data() + static_cast<size_t>(t) * E;
-    const float mx = *std::max_element(p, p + E);
-    double sum = 0.0;
-    for (int e = 0; e < E; ++e) sum += p[e] = std::exp(p[e] - mx);
-    for (int e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
-    for (int e = 0; e < E; ++e) order[e] = e;
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [&](int x, int y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
-    double kept = 0.0;
-    for (int k = 0; k < K; ++k) kept += p[order[k]];
-    for (int k = 0; k < K; ++k) {
-      ws.moe_choice[static_cast<size_t>(t) * K + k] = order[k];
-      ws.moe_weight[static_cast<size_t>(t) * K + k] = static_cast<float>(p[order[k]] / kept);
-      ++ws.moe_first[order[k] + 1];
-    }
+    int32_t* choice = ws.moe_choice.data() + static_cast<size_t>(t) * K;
+    moe_route(ws.moe_probs.data() + static_cast<size_t>(t) * E, E, K, choice,
+              ws.moe_weight.data() + static_cast<size_t>(t) * K);
+    for (int k = 0; k < K; ++k) ++ws.moe_first[choice[k] + 1];
   }
   for (int e = 0; e < E; ++e) ws.moe_first[e + 1] += ws.moe_first[e];
   // Group the routed rows by expert (token order inside an expert): moe_in (T*K, d).

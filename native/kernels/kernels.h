@@ -22,6 +22,8 @@ struct BlockQ8A {
 };
 static_assert(sizeof(BlockQ8A) == 40, "BlockQ8A must be 40 bytes");
 
+// Weight rows one dot_q_rows call serves, at most.
+constexpr int kMaxRows = 8;
 // Query heads of one GQA group served per K/V row read, at most.
 constexpr int kMaxGroup = 16;
 // Head dimension the attention kernels support, at most (stack buffers).
@@ -61,6 +63,12 @@ struct Kernels {
   float (*exp_sum)(float* x, int n, float mx);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*silu_mul)(float* g, const float* u, int n);
+  // R <= kMaxRows weight rows of one quantized type (row r at w[r], n elements each) against T activation rows:
+  // out[r][t * out_stride] = w[r] . a_t, a_t = a + t * a_stride blocks. The matmul's one entry: each weight block
+  // is decoded once for all T rows, and every (r, t) result is the same bits whatever R, T and the other rows
+  // are; dot_q and dot_q_batch are its R = 1 case.
+  void (*dot_q_rows)(GgmlType type, const void* const* w, int R, const BlockQ8A* a, int64_t a_stride, int T,
+                     int64_t n, float* const* out, int64_t out_stride);
 };
 
 // x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).

@@ -259,6 +259,71 @@ void quantize_act(const float* x, BlockQ8A* out, int64_t n) {
   }
 }
 
+// The dot product terms of block b of a newer-format row (see kernels/x86_rows_sub.inc for the order):
+//   isum = sc[0] sum_{l<16} (q + q_offset) x + sc[1] sum_{l>=16} (q + q_offset) x, q from decode32;
+//   acc = fma(isum, d * a.d, acc); ds_term: acc = fma(m, a.ds, acc);
+//   min16 (Q2_K): msum = mn[0] sum_{l<16} x + mn[1] sum_{l>=16} x, acc = fma(-msum, m * a.d, acc).
+struct DotTerms {
+  int q_offset = 0;     // Q5_0: 16 (the dot uses the unsigned quant, value = d q - 16 d)
+  int sc[2] = {1, 1};   // integer 16-element scales (Q6_K, Q3_K, Q2_K)
+  int mn[2] = {0, 0};   // Q2_K's integer 16-element mins
+  float d = 0.0f;       // float scale of the integer sum
+  float m = 0.0f;       // ds_term: the a.ds coefficient; min16: dmin
+  bool ds_term = false;
+  bool min16 = false;
+};
+
+DotTerms dot_terms(GgmlType type, const void* row, int64_t b, const Decoded32& blk) {
+  DotTerms t;
+  const int64_t sb = b / 8;
+  const int j = static_cast<int>(b % 8);
+  switch (type) {
+    case GgmlType::Q5_0:
+      t.q_offset = 16;
+      t.d = blk.s[0];
+      t.m = -16.0f * t.d;
+      t.ds_term = true;
+      break;
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:  // s = d (* sub-block scale), o = the minimum (-(dmin * min))
+      t.d = blk.s[0];
+      t.m = blk.o[0];
+      t.ds_term = true;
+      break;
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+      t.d = blk.s[0];
+      break;
+    case GgmlType::Q6_K: {
+      const auto* k = static_cast<const BlockQ6_K*>(row) + sb;
+      t.d = fp16_to_fp32(k->d);
+      for (int h = 0; h < 2; ++h) t.sc[h] = k->scales[2 * j + h];
+      break;
+    }
+    case GgmlType::Q3_K: {
+      const auto* k = static_cast<const BlockQ3_K*>(row) + sb;
+      t.d = fp16_to_fp32(k->d);
+      for (int h = 0; h < 2; ++h) t.sc[h] = q3k_scale(k->scales, 2 * j + h);
+      break;
+    }
+    case GgmlType::Q2_K: {
+      const auto* k = static_cast<const BlockQ2_K*>(row) + sb;
+      t.d = fp16_to_fp32(k->d);
+      t.m = fp16_to_fp32(k->dmin);
+      for (int h = 0; h < 2; ++h) {
+        t.sc[h] = k->scales[2 * j + h] & 15;
+        t.mn[h] = k->scales[2 * j + h] >> 4;
+      }
+      t.min16 = true;
+      break;
+    }
+    default:
+      break;
+  }
+  return t;
+}
+
 // Integer dot of 32 weights (as ints) with 32 int8 activations.
 template <typename Get>
 int32_t isum32(const Get& w, const int8_t* a) {
@@ -267,6 +332,8 @@ int32_t isum32(const Get& w, const int8_t* a) {
   return s;
 }
 
+// Q4_0, Q4_1 and Q8_0: one fma chain over the blocks, acc = fma(isum, d * a.d, acc) then the 4-bit
+// formats' fma(m, a.ds, acc) (m = -8 d, or the Q4_1 minimum), the order every ISA level follows.
 float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
   const int64_t nb = n / kQK;
   float sum = 0.0f;
@@ -277,7 +344,8 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
         const uint8_t* qs = b[i].qs;
         const int32_t s = isum32([&](int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; }, a[i].qs);
         const float d = fp16_to_fp32(b[i].d);
-        sum += d * (a[i].d * static_cast<float>(s) - 8.0f * a[i].ds);
+        sum = std::fma(static_cast<float>(s), d * a[i].d, sum);
+        sum = std::fma(-8.0f * d, a[i].ds, sum);
       }
       return sum;
     }
@@ -286,7 +354,8 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
       for (int64_t i = 0; i < nb; ++i) {
         const uint8_t* qs = b[i].qs;
         const int32_t s = isum32([&](int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; }, a[i].qs);
-        sum += fp16_to_fp32(b[i].d) * a[i].d * static_cast<float>(s) + fp16_to_fp32(b[i].m) * a[i].ds;
+        sum = std::fma(static_cast<float>(s), fp16_to_fp32(b[i].d) * a[i].d, sum);
+        sum = std::fma(fp16_to_fp32(b[i].m), a[i].ds, sum);
       }
       return sum;
     }
@@ -294,7 +363,7 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
       const auto* b = static_cast<const BlockQ8_0*>(w);
       for (int64_t i = 0; i < nb; ++i) {
         const int32_t s = isum32([&](int j) { return static_cast<int>(b[i].qs[j]); }, a[i].qs);
-        sum += fp16_to_fp32(b[i].d) * a[i].d * static_cast<float>(s);
+        sum = std::fma(static_cast<float>(s), fp16_to_fp32(b[i].d) * a[i].d, sum);
       }
       return sum;
     }
@@ -302,20 +371,24 @@ float dot_q(GgmlType type, const void* w, const BlockQ8A* a, int64_t n) {
       break;
   }
   if (uses_decode32(type)) {
-    // Per 16-element half: a.d * (s * sum q a + o * sum a), integer sums exact.
+    // The newer formats, per 32-element block (the order every ISA level follows, see
+    // kernels/x86_rows_sub.inc): exact integer sums, then one fixed chain of fmas.
     Decoded32 blk;
     for (int64_t i = 0; i < nb; ++i) {
       decode32(type, w, i, &blk);
-      float part = 0.0f;
-      for (int h = 0; h < 2; ++h) {
-        int32_t qa = 0, as = 0;
-        for (int l = 16 * h; l < 16 * h + 16; ++l) {
-          qa += blk.q[l] * a[i].qs[l];
-          as += a[i].qs[l];
-        }
-        part += blk.s[h] * static_cast<float>(qa) + blk.o[h] * static_cast<float>(as);
+      const DotTerms dt = dot_terms(type, w, i, blk);
+      int32_t qa[2] = {0, 0}, xs[2] = {0, 0};  // per 16-element half: sum q x, sum x
+      for (int l = 0; l < kQK; ++l) {
+        qa[l / 16] += (blk.q[l] + dt.q_offset) * a[i].qs[l];
+        xs[l / 16] += a[i].qs[l];
       }
-      sum += a[i].d * part;
+      const int32_t isum = dt.sc[0] * qa[0] + dt.sc[1] * qa[1];
+      sum = std::fma(static_cast<float>(isum), dt.d * a[i].d, sum);
+      if (dt.ds_term) sum = std::fma(dt.m, a[i].ds, sum);
+      if (dt.min16) {
+        const int32_t msum = dt.mn[0] * xs[0] + dt.mn[1] * xs[1];
+        sum = std::fma(-static_cast<float>(msum), dt.m * a[i].d, sum);
+      }
     }
     return sum;
   }
@@ -353,6 +426,11 @@ float score_row(KvFormat f, const uint8_t* krow, const float* q, const BlockQ8A*
 void dot_q_batch(GgmlType type, const void* w, const BlockQ8A* a, int64_t a_stride, int T, int64_t n, float* out,
                  int64_t out_stride) {
   for (int t = 0; t < T; ++t) out[t * out_stride] = dot_q(type, w, a + t * a_stride, n);
+}
+
+void dot_q_rows(GgmlType type, const void* const* w, int R, const BlockQ8A* a, int64_t a_stride, int T, int64_t n,
+                float* const* out, int64_t out_stride) {
+  for (int r = 0; r < R; ++r) dot_q_batch(type, w[r], a, a_stride, T, n, out[r], out_stride);
 }
 
 void attn_scores(KvFormat f, const uint8_t* row0, size_t stride, int cnt, const float* q, const BlockQ8A* qq, int G,
@@ -408,7 +486,7 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 
 const Kernels& kernels_ref() {
   static const Kernels k{"ref", dot_f32,     axpy_f32,    dequant_row, kv_load_row, quantize_act,
-                         dot_q, dot_q_batch, attn_scores, attn_accum,  exp_sum,     silu_mul};
+                         dot_q, dot_q_batch, attn_scores, attn_accum,  exp_sum,     silu_mul, dot_q_rows};
   return k;
 }
 

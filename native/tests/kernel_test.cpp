@@ -2,6 +2,7 @@
 // reference (kernels/ref.cpp) on random inputs with odd lengths. Prints one line
 // per failure and a closing "N passed, N failed"; exits 1 on any failure.
 // Runs natively, and cross-compiled for aarch64 under qemu-user.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -52,8 +53,8 @@ void set_scales(std::vector<uint8_t>& out, std::mt19937& rng, uint16_t B::*d, ui
   }
 }
 
-void random_blocks(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) {
-  for (auto& byte : out) byte = static_cast<uint8_t>(rng());
+// The f16 scales of every block of the formats above (their quant bytes left as they are).
+void set_block_scales(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) {
   switch (type) {
     case GgmlType::Q5_0:
       set_scales<BlockQ5_0>(out, rng, &BlockQ5_0::d, nullptr);
@@ -84,6 +85,69 @@ void random_blocks(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) 
       break;
     default:
       break;
+  }
+}
+
+void random_blocks(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) {
+  for (auto& byte : out) byte = static_cast<uint8_t>(rng());
+  set_block_scales(type, out, rng);
+}
+
+// The newer formats at the ends of their integer ranges: every quant byte (and packed integer scale) one
+// value, so each weight is the format's largest or smallest quant, against activation blocks whose int8
+// quants are all +127 or alternate +-127. Products then share a sign over whole blocks: the int16 sums of
+// the SIMD bodies would saturate if they were not exact, and the results would leave the reference's bits.
+void test_extremes(const Kernels& k, const Kernels& ref) {
+  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,  GgmlType::Q4_K,
+                            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+  std::mt19937 rng(5);
+  for (GgmlType t : types) {
+    const int n = type_traits(static_cast<uint32_t>(t)).block_elems == kQKK ? kQKK * 2 : 32 * 8;
+    std::vector<std::vector<uint8_t>> rows;
+    for (const uint8_t byte : {0x00, 0xff, 0x80, 0x7f, 0x88, 0x11, 0xee, 0x55}) {
+      std::vector<uint8_t> row(row_bytes(t, n), byte);
+      set_block_scales(t, row, rng);
+      rows.push_back(row);
+    }
+    constexpr int T = 6;  // both the few-rows (T < 4) and the transposed body
+    std::vector<BlockQ8A> qa(static_cast<size_t>(T) * n / kQK);
+    for (int r = 0; r < T; ++r) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i) x[i] = r % 2 == 0 ? (r % 4 == 0 ? 1.0f : -1.0f) : (i % 2 == 0 ? 1.0f : -1.0f);
+      ref.quantize_act(x.data(), qa.data() + static_cast<size_t>(r) * n / kQK, n);
+    }
+    bool ok = true;
+    for (const int TT : {1, 2, T}) {
+      const void* wp[kMaxRows];
+      float* op[kMaxRows];
+      std::vector<float> o(static_cast<size_t>(kMaxRows) * TT, NAN);
+      for (int r = 0; r < kMaxRows; ++r) {
+        wp[r] = rows[r].data();
+        op[r] = o.data() + static_cast<size_t>(r) * TT;
+      }
+      k.dot_q_rows(t, wp, kMaxRows, qa.data(), n / kQK, TT, n, op, 1);
+      for (int r = 0; r < kMaxRows; ++r) {
+        for (int a = 0; a < TT; ++a) {
+          ok = ok && op[r][a] == ref.dot_q(t, wp[r], qa.data() + static_cast<size_t>(a) * (n / kQK), n);
+        }
+      }
+    }
+    // The reference itself against float64 over the dequantized weights and activations.
+    for (int r = 0; r < kMaxRows; ++r) {
+      std::vector<float> wf(n);
+      ref.dequant_row(t, rows[r].data(), wf.data(), n);
+      for (int a = 0; a < T; ++a) {
+        const BlockQ8A* at = qa.data() + static_cast<size_t>(a) * (n / kQK);
+        double want = 0.0, scale = 0.0;
+        for (int i = 0; i < n; ++i) {
+          const double term = static_cast<double>(wf[i]) * at[i / kQK].d * at[i / kQK].qs[i % kQK];
+          want += term;
+          scale += std::fabs(term);
+        }
+        ok = ok && close(ref.dot_q(t, rows[r].data(), at, n), want, scale, 1e-5);
+      }
+    }
+    check(ok, std::string(k.name) + " dot_q_rows extremes " + type_traits(static_cast<uint32_t>(t)).name);
   }
 }
 
@@ -189,6 +253,45 @@ void test_level(const Kernels& k, const Kernels& ref) {
         okb = okb && single == o1[2 * 2] && single == k.dot_q(t, row.data(), a2, n);
       }
       check(okb, L + " dot_q_batch " + type_traits(static_cast<uint32_t>(t)).name);
+      // dot_q_rows: R weight rows x T activation rows, each result the same bits as dot_q of its
+      // (row, activation row) whatever R and T; for the formats in kRefExact also the reference's bits.
+      const GgmlType kRefExact[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0};
+      // The newer formats follow the reference's order on the x86 levels (kernels/x86_rows_sub.inc);
+      // NEON keeps its own bodies for them.
+      const GgmlType kRefExactX86[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,
+                                       GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL,
+                                       GgmlType::IQ4_XS};
+      const bool x86_level = L == "avx2" || L == "avx512";
+      const bool ref_exact =
+          std::find(std::begin(kRefExact), std::end(kRefExact), t) != std::end(kRefExact) ||
+          (x86_level && std::find(std::begin(kRefExactX86), std::end(kRefExactX86), t) != std::end(kRefExactX86));
+      bool okr = true;
+      std::vector<std::vector<uint8_t>> wrows;
+      for (int r = 0; r < kMaxRows; ++r) wrows.push_back(make_row(t, randn(rng, n, 0.5f), rng));
+      for (const int R : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        for (const int T : {1, 2, 3, 4, 5, 16, 17}) {
+          auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
+          std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
+          for (int r = 0; r < T; ++r) ref.quantize_act(acts.data() + r * n, qt.data() + r * n / kQK, n);
+          const void* wp[kMaxRows];
+          std::vector<float> o(static_cast<size_t>(R) * T * 2, NAN);
+          float* op[kMaxRows];
+          for (int r = 0; r < R; ++r) {
+            wp[r] = wrows[r].data();
+            op[r] = o.data() + static_cast<size_t>(r) * T * 2;
+          }
+          k.dot_q_rows(t, wp, R, qt.data(), n / kQK, T, n, op, 2);
+          for (int r = 0; r < R; ++r) {
+            for (int a = 0; a < T; ++a) {
+              const BlockQ8A* at = qt.data() + static_cast<size_t>(a) * (n / kQK);
+              const float got = op[r][2 * a];
+              okr = okr && std::isnan(op[r][2 * a + 1]) && got == k.dot_q(t, wp[r], at, n);
+              if (ref_exact) okr = okr && got == ref.dot_q(t, wp[r], at, n);
+            }
+          }
+        }
+      }
+      check(okr, L + " dot_q_rows " + type_traits(static_cast<uint32_t>(t)).name);
     }
   }
   {
@@ -323,6 +426,7 @@ int main() {
   for (const std::string& level : available_isa_levels()) {
     levels += level + " ";
     test_level(kernels_for(level), ref);
+    if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
   std::printf("levels: %s\n", levels.c_str());
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
