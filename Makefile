@@ -80,7 +80,7 @@ test: vulkan-tools build arm-tools browser clang-format-tool
 	$(VENV)/bin/ruff format --check swarm worker tests bench
 	$(VENV)/bin/mypy
 	@if command -v clang-format >/dev/null; then clang-format --dry-run --Werror $(NATIVE_FORMATTED); fi
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check swarm worker tests bench

@@ -3,10 +3,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "engine.h"
@@ -73,14 +76,15 @@ namespace {
 
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
-// One backend per (name, device), made on first use.
+// One backend per (name, device, integer_dot), made on first use. The op hooks run Vulkan on its float path
+// (the shader checks against float64 references) unless integer_dot; the CPU backend as make_backend makes it.
 // NOTE: never destroyed: Vulkan drivers tear down their own state at exit before static destructors run.
-Backend& cached_backend(const std::string& name, int device) {
+Backend& cached_backend(const std::string& name, int device, bool integer_dot = false) {
   static std::mutex mu;
-  static std::map<std::pair<std::string, int>, Backend*> cache;
+  static std::map<std::tuple<std::string, int, bool>, Backend*> cache;
   std::lock_guard<std::mutex> lock(mu);
-  Backend*& b = cache[{name, device}];
-  if (b == nullptr) b = make_backend(name, device).release();
+  Backend*& b = cache[{name, device, integer_dot}];
+  if (b == nullptr) b = make_backend(name, device, /*float_activations=*/name == "vulkan" && !integer_dot).release();
   return *b;
 }
 
@@ -146,7 +150,7 @@ void bind_backend(py::module_& m) {
   m.def(
       "_backend_matmul",
       [](const std::string& backend, int device, const std::string& type, py::bytes raw, int64_t rows, int64_t cols,
-         FloatArray x) {
+         FloatArray x, bool integer_dot) {
         const GgmlType t = type_from_name(type);
         const std::string w = raw;
         if (rows <= 0 || cols <= 0 || w.size() != row_bytes(t, cols) * rows) {
@@ -155,7 +159,7 @@ void bind_backend(py::module_& m) {
         }
         if (x.ndim() != 2 || x.shape(1) != cols) throw std::invalid_argument("_backend_matmul: x must be (T, cols)");
         const int T = static_cast<int>(x.shape(0));
-        Backend& be = cached_backend(backend, device);
+        Backend& be = cached_backend(backend, device, integer_dot);
         auto wb = upload_bytes(be, w.data(), w.size());
         auto xb = upload_bytes(be, x.data(), sizeof(float) * x.size());
         auto yb = be.alloc(sizeof(float) * T * rows);
@@ -166,7 +170,14 @@ void bind_backend(py::module_& m) {
         return download_floats(be, *yb, {T, static_cast<py::ssize_t>(rows)});
       },
       py::arg("backend"), py::arg("device"), py::arg("type"), py::arg("raw"), py::arg("rows"), py::arg("cols"),
-      py::arg("x"));
+      py::arg("x"), py::arg("integer_dot") = false);
+  // The path the backend's matmul takes (Backend::dot_path): "integer dot" or "float".
+  m.def(
+      "_backend_dot_path",
+      [](const std::string& backend, int device, bool integer_dot) {
+        return std::string(cached_backend(backend, device, integer_dot).dot_path());
+      },
+      py::arg("backend"), py::arg("device") = 0, py::arg("integer_dot") = false);
   // Copy bandwidth of one backend's memory (h5: bench/gpu.py, a GPU calibration's read_bytes_per_s): bytes read
   // plus bytes written per second by the fastest of `repeats` copies of `bytes` between two of its buffers,
   // after one untimed copy (first touch).
@@ -243,6 +254,70 @@ void bind_backend(py::module_& m) {
         return download_floats(be, *ob, {static_cast<py::ssize_t>(g.size())});
       },
       py::arg("backend"), py::arg("device"), py::arg("act"), py::arg("g"), py::arg("u"));
+  // The routed experts' ops (h1, qwen3moe on the device). src (T, n), idx (R,) int32 -> (R, n).
+  m.def(
+      "_backend_gather_rows",
+      [](const std::string& backend, int device, FloatArray src, py::array_t<int32_t, py::array::c_style> idx) {
+        if (src.ndim() != 2 || idx.ndim() != 1 || src.shape(1) == 0) {
+          throw std::invalid_argument("_backend_gather_rows: src (T, n) with n > 0 and idx (R,) expected");
+        }
+        const int T = static_cast<int>(src.shape(0)), n = static_cast<int>(src.shape(1));
+        const int R = static_cast<int>(idx.shape(0));
+        Backend& be = cached_backend(backend, device);
+        auto sb = upload_bytes(be, src.data(), sizeof(float) * std::max<size_t>(src.size(), 1));
+        auto ib = upload_bytes(be, idx.data(), sizeof(int32_t) * std::max<size_t>(idx.size(), 1));
+        auto db = be.alloc(sizeof(float) * std::max<size_t>(static_cast<size_t>(R) * n, 1));
+        be.gather_rows(*sb, T, n, *ib, R, *db);
+        return download_floats(be, *db, {R, n});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("src"), py::arg("idx"));
+  // src (R, n), idx (T, K) int32, weight (T, K) -> (T, n): row t = sum_k weight[t, k] * src[idx[t, k]].
+  m.def(
+      "_backend_combine_rows",
+      [](const std::string& backend, int device, FloatArray src, py::array_t<int32_t, py::array::c_style> idx,
+         FloatArray weight) {
+        if (src.ndim() != 2 || src.shape(1) == 0 || idx.ndim() != 2 || weight.ndim() != 2 || idx.shape(1) == 0 ||
+            idx.shape(0) != weight.shape(0) || idx.shape(1) != weight.shape(1)) {
+          throw std::invalid_argument("_backend_combine_rows: src (R, n), idx (T, K) and weight (T, K) expected");
+        }
+        const int R = static_cast<int>(src.shape(0)), n = static_cast<int>(src.shape(1));
+        const int T = static_cast<int>(idx.shape(0)), K = static_cast<int>(idx.shape(1));
+        Backend& be = cached_backend(backend, device);
+        auto sb = upload_bytes(be, src.data(), sizeof(float) * std::max<size_t>(src.size(), 1));
+        auto ib = upload_bytes(be, idx.data(), sizeof(int32_t) * std::max<size_t>(idx.size(), 1));
+        auto wb = upload_bytes(be, weight.data(), sizeof(float) * std::max<size_t>(weight.size(), 1));
+        auto db = be.alloc(sizeof(float) * std::max<size_t>(static_cast<size_t>(T) * n, 1));
+        be.combine_rows(*sb, R, n, *ib, *wb, T, K, *db);
+        return download_floats(be, *db, {T, n});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("src"), py::arg("idx"), py::arg("weight"));
+  // matmul_view: raw is the whole weight buffer, W (rows, cols) of `type` from byte w_offset; x (flat f32)
+  // the whole x buffer, X (T, cols) from byte x_offset; Y (T, rows) into a buffer of y_floats NaNs from byte
+  // y_offset. Returns the whole y buffer (y_floats,), so a test sees what the op left untouched. integer_dot:
+  // Vulkan's integer-dot path where the device has it (as _backend_matmul's flag).
+  m.def(
+      "_backend_matmul_view",
+      [](const std::string& backend, int device, const std::string& type, py::bytes raw, size_t w_offset, int64_t rows,
+         int64_t cols, FloatArray x, size_t x_offset, int T, size_t y_floats, size_t y_offset, bool integer_dot) {
+        const GgmlType t = type_from_name(type);
+        const std::string w = raw;
+        if (w.empty() || x.size() == 0 || y_floats == 0) {
+          throw std::invalid_argument("_backend_matmul_view: raw, x and y_floats must be non-empty");
+        }
+        Backend& be = cached_backend(backend, device, integer_dot);
+        auto wb = upload_bytes(be, w.data(), w.size());
+        auto xb = upload_bytes(be, x.data(), sizeof(float) * x.size());
+        std::vector<float> nan(y_floats, std::nanf(""));
+        auto yb = upload_bytes(be, nan.data(), sizeof(float) * y_floats);
+        {
+          py::gil_scoped_release release;
+          be.matmul_view(t, *wb, w_offset, rows, cols, *xb, x_offset, T, *yb, y_offset);
+        }
+        return download_floats(be, *yb, {static_cast<py::ssize_t>(y_floats)});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("type"), py::arg("raw"), py::arg("w_offset"), py::arg("rows"),
+      py::arg("cols"), py::arg("x"), py::arg("x_offset"), py::arg("T"), py::arg("y_floats"), py::arg("y_offset"),
+      py::arg("integer_dot") = false);
   // q (T, n_head, head_dim) against one layer of a paged pool (raw bytes, kv_cache.h layout) through
   // the block table `blocks` -> (T, n_head, head_dim).
   m.def(
@@ -380,6 +455,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("prefix_sharing") = true, py::arg("backend") = "cpu", py::arg("device") = 0)
       .def_property_readonly("isa", &Engine::isa)
       .def_property_readonly("backend", &Engine::backend_name)
+      .def_property_readonly("dot_path", &Engine::dot_path)
       .def("last_logits",
            [](const Engine& e) {
              std::vector<float> l = e.last_logits();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -29,15 +30,17 @@ void rope_table_host(const std::vector<int32_t>& pos, int hd, float base, const 
   }
 }
 
+// Rows r such that r * n floats span a multiple of kBufferViewAlign bytes: the smallest is a power of two.
+int rows_per_view_align(int n) {
+  return static_cast<int>(kBufferViewAlign / std::gcd(kBufferViewAlign, sizeof(float) * static_cast<size_t>(n)));
+}
+
 }  // namespace
 
 DeviceForward::DeviceForward(const Model& model, Backend& backend, const Kernels& kern)
     : model_(model), be_(backend), kern_(kern) {
   const ModelConfig& c = model.config();
-  if (c.n_expert > 0) {
-    throw std::invalid_argument("backend " + be_.name() + ": architecture " + c.arch +
-                                " (routed experts) does not run on the device yet; use backend cpu");
-  }
+  const bool moe = c.n_expert > 0;
   // Check every format before uploading anything, so a refusal costs no device memory.
   auto check = [&](const Weight& w, const std::string& name) {
     if (!be_.has_matmul(w.type)) {
@@ -54,13 +57,21 @@ DeviceForward::DeviceForward(const Model& model, Backend& backend, const Kernels
     for (const auto& [w, n] : {std::pair<const Weight*, const char*>{&L.wq, "attn_q.weight"},
                                {&L.wk, "attn_k.weight"},
                                {&L.wv, "attn_v.weight"},
-                               {&L.wo, "attn_output.weight"},
-                               {&L.gate, "ffn_gate.weight"},
-                               {&L.up, "ffn_up.weight"},
-                               {&L.down, "ffn_down.weight"}}) {
+                               {&L.wo, "attn_output.weight"}}) {
       check(*w, p + n);
     }
+    if (moe) {
+      check(L.router, p + "ffn_gate_inp.weight");
+      check(L.gate_exps, p + "ffn_gate_exps.weight");
+      check(L.up_exps, p + "ffn_up_exps.weight");
+      check(L.down_exps, p + "ffn_down_exps.weight");
+    } else {
+      check(L.gate, p + "ffn_gate.weight");
+      check(L.up, p + "ffn_up.weight");
+      check(L.down, p + "ffn_down.weight");
+    }
   }
+  if (moe) moe_row_align_ = std::lcm(rows_per_view_align(c.n_embd), rows_per_view_align(c.n_ff_exp));
   output_ = upload_weight(model.output(), "output.weight");
   output_norm_ = upload_vector(model.output_norm());
   layers_.resize(c.n_layer);
@@ -72,9 +83,16 @@ DeviceForward::DeviceForward(const Model& model, Backend& backend, const Kernels
     D.wk = upload_weight(L.wk, p + "attn_k.weight");
     D.wv = upload_weight(L.wv, p + "attn_v.weight");
     D.wo = upload_weight(L.wo, p + "attn_output.weight");
-    D.gate = upload_weight(L.gate, p + "ffn_gate.weight");
-    D.up = upload_weight(L.up, p + "ffn_up.weight");
-    D.down = upload_weight(L.down, p + "ffn_down.weight");
+    if (moe) {
+      D.router = upload_weight(L.router, p + "ffn_gate_inp.weight");
+      D.gate_exps = upload_experts(L.gate_exps, c.n_expert, p + "ffn_gate_exps.weight");
+      D.up_exps = upload_experts(L.up_exps, c.n_expert, p + "ffn_up_exps.weight");
+      D.down_exps = upload_experts(L.down_exps, c.n_expert, p + "ffn_down_exps.weight");
+    } else {
+      D.gate = upload_weight(L.gate, p + "ffn_gate.weight");
+      D.up = upload_weight(L.up, p + "ffn_up.weight");
+      D.down = upload_weight(L.down, p + "ffn_down.weight");
+    }
     D.attn_norm = upload_vector(L.attn_norm);
     D.ffn_norm = upload_vector(L.ffn_norm);
     if (c.qkv_bias) {
@@ -110,6 +128,33 @@ DeviceForward::DevWeight DeviceForward::upload_weight(const Weight& w, const std
   d.buf = be_.alloc(bytes);
   be_.upload(*d.buf, w.data, bytes);
   weight_bytes_ += bytes;
+  return d;
+}
+
+DeviceForward::DevExperts DeviceForward::upload_experts(const Weight& stacked, int n_expert, const std::string& name) {
+  if (stacked.data == nullptr || n_expert <= 0 || stacked.rows % n_expert != 0) {
+    throw std::invalid_argument("DeviceForward: expert tensor " + name + " is empty or not " +
+                                std::to_string(n_expert) + " experts");
+  }
+  DevExperts d;
+  d.type = stacked.type;
+  d.rows = stacked.rows / n_expert;
+  d.cols = stacked.cols;
+  const size_t bytes = stacked.row_bytes * static_cast<size_t>(d.rows);
+  d.stride = (bytes + kBufferViewAlign - 1) / kBufferViewAlign * kBufferViewAlign;
+  const size_t total = d.stride * static_cast<size_t>(n_expert);
+  d.buf = be_.alloc(total);
+  if (d.stride == bytes) {
+    be_.upload(*d.buf, stacked.data, total);  // the file's layout is already aligned
+  } else {
+    std::vector<uint8_t> image(total, 0);  // expert e's bytes at e * stride, zeros between
+    for (int e = 0; e < n_expert; ++e) {
+      std::copy_n(stacked.data + static_cast<size_t>(e) * bytes, bytes,
+                  image.data() + static_cast<size_t>(e) * d.stride);
+    }
+    be_.upload(*d.buf, image.data(), total);
+  }
+  weight_bytes_ += total;
   return d;
 }
 
@@ -169,8 +214,76 @@ void DeviceForward::flush_blocks() {
   host_blocks_.clear();
 }
 
+int DeviceForward::moe_rows_cap(int T) const {
+  const ModelConfig& c = model_.config();
+  return T * c.n_expert_used + c.n_expert * (moe_row_align_ - 1);
+}
+
+void DeviceForward::moe_ffn(const DevLayer& L, int T) {
+  const ModelConfig& c = model_.config();
+  const int E = c.n_expert, K = c.n_expert_used, d = c.n_embd, F = c.n_ff_exp;
+  const size_t st = static_cast<size_t>(T), f4 = sizeof(float);
+  // Router on the device, its choice on the host (model.cpp's rule, so both engines pick alike).
+  matmul(L.router, *xn_, T, *router_);
+  std::vector<float> router(st * E);
+  be_.download(*router_, router.data(), router.size() * f4);
+  std::vector<int32_t> choice(st * K), idx(st * K);
+  std::vector<float> weight(st * K);
+  std::vector<int> count(E, 0);
+  for (int t = 0; t < T; ++t) {
+    moe_route(router.data() + static_cast<size_t>(t) * E, E, K, choice.data() + static_cast<size_t>(t) * K,
+              weight.data() + static_cast<size_t>(t) * K);
+    for (int k = 0; k < K; ++k) ++count[choice[static_cast<size_t>(t) * K + k]];
+  }
+  // Expert e's rows: [first[e], first[e] + count[e]) of the grouped buffers, first[e] a multiple of
+  // moe_row_align_ so its byte offsets are views; tokens in order inside a group.
+  std::vector<int> first(E, 0);
+  int rows = 0;
+  for (int e = 0; e < E; ++e) {
+    if (count[e] == 0) continue;
+    first[e] = (rows + moe_row_align_ - 1) / moe_row_align_ * moe_row_align_;
+    rows = first[e] + count[e];
+  }
+  std::vector<int32_t> src(rows, -1);  // -1: a padding row (gathered as zeros)
+  {
+    std::vector<int> fill(first);
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < K; ++k) {
+        const int row = fill[choice[static_cast<size_t>(t) * K + k]]++;
+        src[row] = t;
+        idx[static_cast<size_t>(t) * K + k] = row;
+      }
+    }
+  }
+  be_.upload(*moe_src_, src.data(), src.size() * sizeof(int32_t));
+  be_.upload(*moe_idx_, idx.data(), idx.size() * sizeof(int32_t));
+  be_.upload(*moe_w_, weight.data(), weight.size() * f4);
+  be_.gather_rows(*xn_, T, d, *moe_src_, rows, *moe_in_);
+  // Each expert's matmuls run once over all its rows (its weights read once per step).
+  auto at = [](int row, int width) { return static_cast<size_t>(row) * width * sizeof(float); };
+  for (int e = 0; e < E; ++e) {
+    if (count[e] == 0) continue;
+    for (const auto& [w, out] :
+         {std::pair<const DevExperts*, Buffer*>{&L.gate_exps, moe_g_.get()}, {&L.up_exps, moe_u_.get()}}) {
+      be_.matmul_view(w->type, *w->buf, e * w->stride, F, d, *moe_in_, at(first[e], d), count[e], *out,
+                      at(first[e], F));
+    }
+  }
+  be_.gated(GateAct::kSilu, *moe_g_, *moe_u_, static_cast<int64_t>(rows) * F, *moe_h_);
+  for (int e = 0; e < E; ++e) {
+    if (count[e] == 0) continue;
+    const DevExperts& w = L.down_exps;
+    be_.matmul_view(w.type, *w.buf, e * w.stride, d, F, *moe_h_, at(first[e], F), count[e], *moe_out_, at(first[e], d));
+  }
+  // y (T, d) = each token's choices, best first, weighted.
+  be_.combine_rows(*moe_out_, rows, d, *moe_idx_, *moe_w_, T, K, *y_);
+}
+
 size_t DeviceForward::scratch_bytes() const {
   size_t n = 0;
+  for (const auto* b : {&router_, &moe_in_, &moe_out_, &moe_g_, &moe_u_, &moe_h_, &moe_src_, &moe_idx_, &moe_w_}) {
+    if (*b) n += (*b)->bytes();
+  }
   for (const auto* b : {&x_, &xn_, &y_,    &q_,        &qn_,     &attn_,       &k_,  &kn_,     &v_,         &g_,
                         &u_, &h_,  &rows_, &swa_rows_, &tables_, &swa_tables_, &cs_, &swa_cs_, &logits_in_, &logits_}) {
     if (*b) n += (*b)->bytes();
@@ -206,7 +319,8 @@ void DeviceForward::forward(const std::vector<BatchItem>& items, const KvPool& k
   reserve(pool_, kv);
   if (swa_kv != nullptr) reserve(swa_pool_, *swa_kv);
 
-  const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd, ff = c.n_ff;
+  const int d = c.n_embd, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  const int ff = c.n_expert > 0 ? 0 : c.n_ff;  // a MoE's feed_forward_length is no layer's width
   const size_t st = static_cast<size_t>(T), f4 = sizeof(float);
   if (T > cap_T_) {
     for (auto* b : {&x_, &xn_, &y_, &logits_in_}) fit(*b, st * d * f4);
@@ -215,6 +329,15 @@ void DeviceForward::forward(const std::vector<BatchItem>& items, const KvPool& k
     for (auto* b : {&g_, &u_, &h_}) fit(*b, st * ff * f4);
     for (auto* b : {&rows_, &swa_rows_}) fit(*b, st * 2 * sizeof(int32_t));
     for (auto* b : {&cs_, &swa_cs_}) fit(*b, st * hd * f4);
+    if (c.n_expert > 0) {
+      const size_t rp = static_cast<size_t>(moe_rows_cap(T));
+      fit(router_, st * c.n_expert * f4);
+      for (auto* b : {&moe_in_, &moe_out_}) fit(*b, rp * d * f4);
+      for (auto* b : {&moe_g_, &moe_u_, &moe_h_}) fit(*b, rp * c.n_ff_exp * f4);
+      fit(moe_src_, rp * sizeof(int32_t));
+      fit(moe_idx_, st * c.n_expert_used * sizeof(int32_t));
+      fit(moe_w_, st * c.n_expert_used * f4);
+    }
     cap_T_ = T;
   }
 
@@ -337,12 +460,17 @@ void DeviceForward::forward(const std::vector<BatchItem>& items, const KvPool& k
       be_.add(*x_, *y_, st * d, st * d);
     }
 
-    // FFN block: x += down(act(gate(norm(x))) * up(norm(x))), post-normed on gemma3.
+    // FFN block: x += down(act(gate(norm(x))) * up(norm(x))), post-normed on gemma3; qwen3moe: the routed
+    // experts' mix.
     be_.rms_norm(*x_, *L.ffn_norm, T, d, c.rms_eps, *xn_);
-    matmul(L.gate, *xn_, T, *g_);
-    matmul(L.up, *xn_, T, *u_);
-    be_.gated(act, *g_, *u_, st * ff, *h_);
-    matmul(L.down, *h_, T, *y_);
+    if (c.n_expert > 0) {
+      moe_ffn(L, T);
+    } else {
+      matmul(L.gate, *xn_, T, *g_);
+      matmul(L.up, *xn_, T, *u_);
+      be_.gated(act, *g_, *u_, st * ff, *h_);
+      matmul(L.down, *h_, T, *y_);
+    }
     if (c.post_norms) {
       be_.rms_norm(*y_, *L.post_ffn_norm, T, d, c.rms_eps, *xn_);
       be_.add(*x_, *xn_, st * d, st * d);

@@ -14,7 +14,11 @@
 // and the logits download; sampling stays with the engine.
 // NOTE: each op is sized by the step alone (no op reads another row's data but attention's own KV), so a
 // sequence's logits are bit-equal whatever else is in its batch.
-// Not on the device yet: qwen3moe (its routed experts); the constructor says so.
+// Routed experts (qwen3moe, moe_ffn): the router's matmul on the device, its logits downloaded, softmax and
+// top-k on the host (moe_route, model.cpp's rule), the routed rows gathered into expert-grouped rows on the
+// device, each expert's matmuls over its rows through views into the stacked expert tensors (expert e at
+// byte e * stride, no copy), SwiGLU, and each token's weighted sum of its experts' rows. Each expert's
+// group of rows starts at a kBufferViewAlign-aligned byte offset (padding rows between groups).
 #pragma once
 
 #include <cstdint>
@@ -61,8 +65,18 @@ class DeviceForward {
     int64_t rows = 0, cols = 0;
     std::unique_ptr<Buffer> buf;
   };
+  // A stacked expert tensor (n_expert, rows, cols) uploaded with expert e's rows at byte e * stride
+  // (stride: the expert's bytes rounded up to kBufferViewAlign, so every expert is a matmul_view).
+  struct DevExperts {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0;  // of one expert
+    size_t stride = 0;
+    std::unique_ptr<Buffer> buf;
+  };
   struct DevLayer {
     DevWeight wq, wk, wv, wo, gate, up, down;
+    DevWeight router;                          // MoE: (n_expert, n_embd)
+    DevExperts gate_exps, up_exps, down_exps;  // MoE: (n_expert, n_ff_exp, n_embd) x2, (n_expert, n_embd, n_ff_exp)
     std::unique_ptr<Buffer> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, post_attn_norm, post_ffn_norm;
   };
   struct DevPool {
@@ -77,6 +91,12 @@ class DeviceForward {
   // Sizes b to at least `bytes` (contents are not kept).
   void fit(std::unique_ptr<Buffer>& b, size_t bytes);
   void matmul(const DevWeight& w, const Buffer& x, int T, Buffer& y);
+  DevExperts upload_experts(const Weight& stacked, int n_expert, const std::string& name);
+  // The MoE FFN of layer L over xn_ (T, n_embd) -> y_ (T, n_embd) (model.cpp's Model::moe_ffn).
+  void moe_ffn(const DevLayer& L, int T);
+  // Rows of the expert-grouped buffers for a step of T tokens: T * n_expert_used routed rows plus the
+  // padding that aligns each expert's group (at most moe_row_align_ - 1 rows per expert).
+  int moe_rows_cap(int T) const;
 
   const Model& model_;
   Backend& be_;
@@ -93,6 +113,11 @@ class DeviceForward {
   std::unique_ptr<Buffer> x_, xn_, y_, q_, qn_, attn_, k_, kn_, v_, g_, u_, h_;
   std::unique_ptr<Buffer> rows_, swa_rows_, tables_, swa_tables_, cs_, swa_cs_, logits_in_, logits_;
   int cap_T_ = 0;  // rows the activation buffers hold
+  // MoE per-step buffers: router (T, n_expert) logits; moe_in, moe_out (Rp, n_embd) and moe_g, moe_u,
+  // moe_h (Rp, n_ff_exp) expert-grouped rows (Rp = moe_rows_cap(T)); moe_src (Rp,) int32 the token of each
+  // grouped row (-1: padding); moe_idx (T, K) int32 the grouped row of each choice, moe_w (T, K) its weight.
+  std::unique_ptr<Buffer> router_, moe_in_, moe_out_, moe_g_, moe_u_, moe_h_, moe_src_, moe_idx_, moe_w_;
+  int moe_row_align_ = 1;  // rows per kBufferViewAlign bytes of both n_embd and n_ff_exp rows (a power of two)
 };
 
 }  // namespace kvs

@@ -53,7 +53,8 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
     if (opt.backend == "cpu-ops" && opt.device != 0) {
       throw std::invalid_argument("backend cpu-ops has one device (0), got device " + std::to_string(opt.device));
     }
-    backend_ = opt.backend == "vulkan" ? make_backend("vulkan", opt.device) : make_cpu_backend(opt.float_activations);
+    backend_ = opt.backend == "vulkan" ? make_backend("vulkan", opt.device, opt.float_activations)
+                                       : make_cpu_backend(opt.float_activations);
     device_ = std::make_unique<DeviceForward>(*model_, *backend_, *kern_);
   } else if (opt.backend != "cpu") {
     throw std::invalid_argument("unknown backend '" + opt.backend + "' (expected cpu, vulkan or cpu-ops)");
@@ -79,6 +80,11 @@ std::vector<float> Engine::last_logits() const {
 std::string Engine::backend_name() const {
   if (!backend_) return "cpu";
   return opt_.backend == "cpu-ops" ? "cpu-ops" : backend_->name();
+}
+
+std::string Engine::dot_path() const {
+  if (!backend_) return ws_.float_activations ? "float" : "integer dot";
+  return backend_->dot_path();
 }
 
 Engine::Sequence& Engine::get(int id) {

@@ -103,6 +103,9 @@ class Engine {
   std::string isa() const { return kern_->name; }
   // Where the forward runs: "cpu", "cpu-ops" or "vulkan:<device name>" (EngineOptions.backend).
   std::string backend_name() const;
+  // How quantized weights are multiplied: "integer dot" (8-bit activation blocks) or "float" (float_activations,
+  // or a Vulkan device without shaderIntegerDotProduct, or KVSWARM_VULKAN_INTDOT=0); Backend::dot_path.
+  std::string dot_path() const;
   // The logits rows of the last forward: after step(), one row of n_vocab per pair it returned, in that
   // order; after score(), its last chunk's. (R, n_vocab) row-major.
   std::vector<float> last_logits() const;

@@ -188,6 +188,11 @@ struct Workspace {
   std::vector<std::vector<float>> thread_scratch;        // per thread
 };
 
+// The qwen3moe router's rule, shared by Model::moe_ffn and the device forward (device_forward.cpp):
+// router logits (E,) -> softmax -> the K most probable experts (ties: lower id), best first, into
+// choice (K,), their probabilities renormalised to sum 1 into weight (K,). Sums in double.
+void moe_route(const float* logits, int E, int K, int32_t* choice, float* weight);
+
 class Model {
  public:
   explicit Model(const std::string& path);

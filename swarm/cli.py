@@ -207,6 +207,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from swarm import auth, scheduler
     from swarm.config import load_config
     from swarm.server import serve
+    from worker.devices import gpu_memory_budgets
     from worker.host import available_memory
 
     cfg_data = yaml.safe_load(Path(args.config).read_text()) if args.config else None
@@ -225,7 +226,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("swarm serve: error: give both --tls-cert and --tls-key", file=sys.stderr)
             return 2
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
-    conn = scheduler.connect(args.address, kv_bytes=available_memory())
+    conn = scheduler.connect(args.address, kv_bytes=available_memory(), device_kv_bytes=gpu_memory_budgets())
     print(f"Ray: {conn.address}  dashboard: {conn.dashboard_url or '(not running)'}")
     server = serve(
         conn=conn,

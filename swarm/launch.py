@@ -54,7 +54,8 @@ def launch(
     check_launchable(cfg)
     inputs = plan_inputs(cfg, calibrate=calibrate, progress=None)
     out = out_dir or Path(cfg.output_dir) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    conn = scheduler.connect(address, kv_bytes=available_memory(), keep=keep)
+    # KV reservations: host RAM for CPU workers, each local GPU's device heap for the GPU workers on it
+    conn = scheduler.connect(address, kv_bytes=available_memory(), keep=keep, device_kv_bytes=inputs.gpu_memory)
     echo(f"Ray: {conn.address}  dashboard: {conn.dashboard_url or '(not running)'}")
     if conn.auth_token_path:
         echo(f"  log in to the dashboard with the token in {conn.auth_token_path}")

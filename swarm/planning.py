@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ class PlanInputs:
     settings: planner.EngineSettings
     quality: dict[str, planner.Quality]
     model_path: Path | None
+    # {"vulkan:<index>": memory budget bytes} of each local GPU a `backend: vulkan` worker runs on (its device
+    # heap, uncapped by any worker's `memory:`): the KV resource `swarm launch` gives Ray for that device.
+    gpu_memory: dict[str, int] = field(default_factory=dict)
 
 
 def model_geometry(cfg: SwarmConfig) -> tuple[planner.ModelGeometry, Path | None]:
@@ -120,12 +123,14 @@ def plan_inputs(
     policy = planner.Policy(formats=pairs, objective=cfg.policy.objective, quality_floor=floor)
     devices = []
     quality: dict[str, planner.Quality] = {}
+    gpu_memory: dict[str, int] = {}
     for i, w in enumerate(cfg.workers):
         # A local worker's memory: this host's RAM, or with backend vulkan its GPU's device heap.
         dev_id, backend, memory = "local", "cpu", available_memory()
         on: dict[str, Any] = {}  # calibrate's keywords for a GPU worker
         if w.kind == "local" and w.backend == "vulkan":
             dev_id, memory = local_gpu(w, f"workers[{i}]")
+            gpu_memory[dev_id] = memory
             backend = "vulkan"
             on = {"backend": "vulkan", "device": w.vulkan_index}
         if w.kind == "local" and w.calibration_file:
@@ -175,7 +180,7 @@ def plan_inputs(
         for g, prefix in zip(cfg.agents, prefixes, strict=True)
     )  # fmt: skip
     settings = planner.EngineSettings(cfg.engine.block_tokens, cfg.engine.max_batch_tokens, cfg.engine.threads)
-    return PlanInputs(geom, tuple(devices), groups, policy, settings, quality, path)
+    return PlanInputs(geom, tuple(devices), groups, policy, settings, quality, path, gpu_memory)
 
 
 # Share of the measured read bandwidth a decode step sustains, for a host whose calibration is

@@ -23,7 +23,11 @@ replaced by the next generation (kv2, ...).
 
 Every node that hosts workers must offer `kv_bytes`: `swarm launch` gives
 the local Ray the host's available memory; cluster nodes declare theirs
-(`ray start --resources '{"device:rk3588": 1, "kv_bytes": 6e9}'`).
+(`ray start --resources '{"device:rk3588": 1, "kv_bytes": 6e9}'`). A local
+GPU worker (`backend: vulkan`) holds its agents' KV in its device's own
+resource instead, `kv_bytes:vulkan:<index>` (`kv_resource`), which `swarm
+launch` sizes from the device heap, the figure planning gives the worker:
+a GPU with more memory than the host is not held to the host's.
 Every Ray call here has a timeout.
 """
 
@@ -60,6 +64,7 @@ from swarm.scheduler_connect import (
     auth_token_path,
     cluster_resources,
     connect,
+    device_kv_resource,
     disconnect,
 )
 from worker.service import EngineWorker, WorkerSpec
@@ -87,8 +92,10 @@ __all__ = [
     "cluster_resources",
     "compact_names",
     "connect",
+    "device_kv_resource",
     "disconnect",
     "expand_names",
+    "kv_resource",
     "placement",
     "worker_states",
 ]
@@ -226,11 +233,12 @@ class Scheduler:
                 f"run `ray start --address {self.conn.address} --resources "
                 f'\'{{"device:{spec.device}": 1, "{KV_RESOURCE}": <KV bytes>}}\'`'
             )
-        if res.get(KV_RESOURCE, 0) < spec.kv_budget_bytes:
+        kv = kv_resource(spec)
+        if res.get(kv, 0) < spec.kv_budget_bytes:
             raise SchedulerError(
-                f"worker {spec.name!r} needs {spec.kv_budget_bytes:,} bytes of resource {KV_RESOURCE}, the cluster "
-                f"offers {res.get(KV_RESOURCE, 0):,.0f}. To fix: start nodes with --resources "
-                f"'{{\"{KV_RESOURCE}\": <bytes>}}', or plan fewer agents"
+                f"worker {spec.name!r} needs {spec.kv_budget_bytes:,} bytes of resource {kv}, the cluster "
+                f"offers {res.get(kv, 0):,.0f}. To fix: start nodes with --resources "
+                f"'{{\"{kv}\": <bytes>}}' (`swarm launch` does for a Ray it starts), or plan fewer agents"
             )
 
     def start_workers(self, specs: Iterable[tuple[WorkerSpec, int]], timeout_s: float = TIMEOUT_S) -> None:
@@ -304,7 +312,7 @@ class Scheduler:
         h.kv_generation += 1
         name = f"{self.worker_pg_name(worker)} kv{h.kv_generation}: {compact_names([r.label for r in h.reservations])}"
         pg = placement_group(
-            [{KV_RESOURCE: float(r.kv_bytes)} for r in h.reservations], strategy="STRICT_PACK", name=name,
+            [{kv_resource(h.spec): float(r.kv_bytes)} for r in h.reservations], strategy="STRICT_PACK", name=name,
             bundle_label_selector=[{NODE_LABEL: h.node_id}] * len(h.reservations),
             lifetime=self._lifetime,
         )  # fmt: skip
@@ -313,7 +321,7 @@ class Scheduler:
         except ray.exceptions.GetTimeoutError as e:
             remove_placement_group(pg)
             raise SchedulerError(
-                f"worker {worker!r}: the node cannot hold {total:,} bytes of {KV_RESOURCE} for its agents "
+                f"worker {worker!r}: the node cannot hold {total:,} bytes of {kv_resource(h.spec)} for its agents "
                 f"(another swarm may hold it). To fix: check `ray status`"
             ) from e
         h.kv_pg = pg
@@ -416,6 +424,20 @@ def gpu_request(spec: WorkerSpec, resources: dict[str, float]) -> bool:
     return spec.backend != "cpu" and resources.get("GPU", 0.0) >= 1.0
 
 
+def kv_resource(spec: WorkerSpec) -> str:
+    """The Ray resource a worker's KV reservations hold: a local GPU worker's device_kv_resource (its device
+    heap), else the node's KV_RESOURCE (host memory; a cluster node declares it for whatever device it has)."""
+    return device_kv_resource(spec.device) if spec.kind == "local" and spec.backend != "cpu" else KV_RESOURCE
+
+
+def _kv_held(unit_resources: dict[str, float]) -> dict[str, Any]:
+    """{"kv_bytes": bytes, "kv_resource": name} of a placement-group bundle (0 and "" for a worker's own)."""
+    for name, amount in unit_resources.items():
+        if name == KV_RESOURCE or name.startswith(f"{KV_RESOURCE}:"):
+            return {"kv_bytes": int(amount), "kv_resource": name}
+    return {"kv_bytes": 0, "kv_resource": ""}
+
+
 def _spec_dict(spec: WorkerSpec) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -480,7 +502,7 @@ def placement(swarm: str | None = None, timeout_s: int = 30) -> dict[str, Any]:
     for pg in pgs:
         if not pg.name.startswith("kvswarm.") or (swarm is not None and not pg.name.startswith(f"kvswarm.{swarm}/")):
             continue
-        bundles = [{"node_id": b.get("node_id"), "kv_bytes": int(b.get("unit_resources", {}).get(KV_RESOURCE, 0))}
+        bundles = [{"node_id": b.get("node_id"), **_kv_held(b.get("unit_resources", {}))}
                    for b in (pg.bundles or [])]  # fmt: skip
         if " kv" in pg.name:
             head, _, labels = pg.name.partition(": ")

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ray._private import ray_constants
 from swarm.errors import SchedulerError
 
 NAMESPACE = "kvswarm"
-KV_RESOURCE = "kv_bytes"
+KV_RESOURCE = "kv_bytes"  # a node's host memory for KV reservations (CPU and cluster workers)
 NODE_LABEL = "ray.io/node-id"
 TIMEOUT_S = 120.0  # placement and worker start (a cold start may calibrate)
 CALL_TIMEOUT_S = 30.0  # one request to a running worker
@@ -32,6 +33,12 @@ LOOPBACK = "127.0.0.1"  # a Ray this process starts listens here only (GCS, rayl
 
 
 # -- connecting ---------------------------------------------------------------------------
+
+
+def device_kv_resource(device: str) -> str:
+    """The Ray resource of a local GPU's memory for KV reservations: `kv_bytes:vulkan:<index>`, sized from the
+    device heap (the figure planning gives the GPU worker), apart from the host memory in `kv_bytes`."""
+    return f"{KV_RESOURCE}:{device}"
 
 
 @dataclass(frozen=True)
@@ -51,12 +58,22 @@ def auth_token_path() -> str | None:
     return str(p)
 
 
-def connect(address: str | None, *, kv_bytes: int, keep: bool = False, num_cpus: int | None = None) -> Connection:
-    """Starts a local Ray (address None) or joins a cluster ("auto" or HOST:PORT)."""
+def connect(
+    address: str | None,
+    *,
+    kv_bytes: int,
+    keep: bool = False,
+    num_cpus: int | None = None,
+    device_kv_bytes: Mapping[str, int] | None = None,
+) -> Connection:
+    """Starts a local Ray (address None) or joins a cluster ("auto" or HOST:PORT). A Ray started here offers
+    `kv_bytes` of KV_RESOURCE and, per local GPU in `device_kv_bytes` ({"vulkan:<index>": bytes}), that many
+    of its device_kv_resource; a cluster's nodes declare their own."""
     if ray.is_initialized():
         raise SchedulerError("Ray is already initialized in this process; launch one swarm per process")
     cpus = num_cpus or os.cpu_count() or 1
     resources = {KV_RESOURCE: float(kv_bytes)}
+    resources.update({device_kv_resource(d): float(n) for d, n in (device_kv_bytes or {}).items()})
     head_process = False
     if address is None and keep:
         # --keep outlives this process, so Ray runs as its own head, not inside the driver.

@@ -17,5 +17,6 @@ class Engine:
     def import_kv(self, blob: bytes | bytearray | memoryview, sampling: Any, generate: bool = False) -> int: ...
     # Where the forward runs (issue 16): "cpu", "cpu-ops" or "vulkan:<device name>".
     backend: str
+    dot_path: str
     # The last forward's logits rows (R, n_vocab): after step(), one per pair it returned.
     def last_logits(self) -> Any: ...

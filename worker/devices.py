@@ -155,6 +155,12 @@ def vulkan_device(index: int) -> VulkanDevice:
     return found[index]
 
 
+def gpu_memory_budgets() -> dict[str, int]:
+    """{"vulkan:<index>": memory_budget_bytes} of every Vulkan device of this host ({} where there is none):
+    what `swarm serve` offers Ray for GPU workers' KV, before it knows which configs will come."""
+    return {f"vulkan:{d.index}": d.memory_budget_bytes for d in list_devices().vulkan}
+
+
 def check_backend(backend: str, device: int) -> VulkanDevice | None:
     """Validates an engine's backend and device before anything is loaded: None for the CPU, the Vulkan
     device for vulkan; DeviceError for an unknown backend or a device this host lacks."""

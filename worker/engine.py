@@ -126,6 +126,13 @@ class Engine:
         return str(self._native.backend)
 
     @property
+    def dot_path(self) -> str:
+        """How quantized weights are multiplied: "integer dot" (activations quantized to 8-bit blocks, as the CPU
+        engine does; a Vulkan device with shaderIntegerDotProduct) or "float" (float_activations, a device
+        without integer dots, or KVSWARM_VULKAN_INTDOT=0)."""
+        return str(self._native.dot_path)
+
+    @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             meta = _native.read_gguf(str(self.model_path))["metadata"]

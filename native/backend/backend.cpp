@@ -42,6 +42,19 @@ void check_block_table(const int32_t* blocks, int nb, const AttentionShape& s, c
   }
 }
 
+void check_view(const Buffer& b, size_t offset, size_t bytes, const char* op, const char* what) {
+  if (offset % kBufferViewAlign != 0) {
+    throw std::invalid_argument(std::string(op) + ": " + what + " offset " + std::to_string(offset) +
+                                " is not a multiple of " + std::to_string(kBufferViewAlign) +
+                                " bytes (kBufferViewAlign); pad the layout so each view starts aligned");
+  }
+  if (offset > b.bytes() || bytes > b.bytes() - offset) {
+    throw std::invalid_argument(std::string(op) + ": " + what + " view [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + bytes) + ") lies outside its buffer of " +
+                                std::to_string(b.bytes()) + " bytes");
+  }
+}
+
 bool backend_has_vulkan() {
 #if defined(KVS_HAVE_VULKAN)
   return true;
@@ -58,15 +71,15 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
+std::unique_ptr<Backend> make_backend(const std::string& name, int device, bool float_activations) {
   if (name == "cpu") {
     if (device != 0)
       throw std::invalid_argument("backend cpu has one device (0), got device " + std::to_string(device));
-    return make_cpu_backend();
+    return make_cpu_backend(float_activations);
   }
   if (name == "vulkan") {
 #if defined(KVS_HAVE_VULKAN)
-    return make_vulkan_backend(device);
+    return make_vulkan_backend(device, float_activations);
 #else
     throw std::runtime_error(kNoVulkanBuild);
 #endif

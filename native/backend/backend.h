@@ -75,6 +75,9 @@ class Backend {
   virtual ~Backend() = default;
   // "cpu" or "vulkan:<device name>".
   virtual std::string name() const = 0;
+  // How matmul multiplies quantized weights (and attention scores 8-bit keys): "integer dot" (activations and
+  // queries quantized to 8-bit blocks, as the CPU engine does) or "float" (decoded and dotted in float32).
+  virtual const char* dot_path() const { return "float"; }
 
   virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
   // Copies src (bytes,) into buf at offset; throws when it does not fit.
@@ -124,6 +127,21 @@ class Backend {
   // reads must lie in the pool (the caller checks them: the tables are built on the host).
   virtual void attention_rows(const AttentionShape& s, const Buffer& q, const Buffer& pool, const Buffer& tables,
                               const Buffer& rows, Buffer& out) = 0;
+
+  // --- ops of the routed experts (qwen3moe; device_forward.cpp's moe_ffn) ---
+
+  // matmul over views: W (rows, cols) stored as `type` from byte w_offset of w @ X (T, cols) f32 from byte
+  // x_offset of x -> Y (T, rows) f32 from byte y_offset of y; bytes outside the views are untouched. One
+  // expert's slice of a stacked expert tensor against the rows routed to it, with no copy. Every offset is
+  // a multiple of kBufferViewAlign (the largest storage-buffer offset alignment a Vulkan device may ask).
+  virtual void matmul_view(GgmlType type, const Buffer& w, size_t w_offset, int64_t rows, int64_t cols, const Buffer& x,
+                           size_t x_offset, int T, Buffer& y, size_t y_offset) = 0;
+  // DST (R, n) row r = SRC (T, n) row idx[r], or zeros where idx[r] is outside [0, T); idx (R,) int32.
+  virtual void gather_rows(const Buffer& src, int T, int n, const Buffer& idx, int R, Buffer& dst) = 0;
+  // DST (T, n) row t = sum over k = 0 .. K-1, in that order, of weight[t, k] * SRC (R, n) row idx[t, k],
+  // accumulated in float32 from zero (an idx outside [0, R) adds nothing); idx (T, K) int32, weight (T, K) f32.
+  virtual void combine_rows(const Buffer& src, int R, int n, const Buffer& idx, const Buffer& weight, int T, int K,
+                            Buffer& dst) = 0;
 };
 
 // The CPU backend over the active kernel table (kernels/): host buffers, ops run at once.
@@ -132,13 +150,22 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend(bool float_activations = false);
 // "cpu" or "vulkan" (device index among vulkan_devices()). Throws std::invalid_argument for an
 // unknown name and std::runtime_error naming what to install when Vulkan was not built or is absent.
-std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0);
+// float_activations: quantized weights are dotted in float32 (no 8-bit activations) on either backend;
+// otherwise Vulkan takes the integer-dot path where the device has it (Backend::dot_path, docs/GPU.md).
+std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0, bool float_activations = false);
 
 // Throws std::invalid_argument naming the first field of s that no backend can serve, or that puts a
 // layer's K or V rows past block_bytes or the pool past its size.
 void check_attention_shape(const AttentionShape& s, const Buffer& pool, const char* op);
 // Throws std::invalid_argument naming the first table entry (of nb) that lies outside the pool.
 void check_block_table(const int32_t* blocks, int nb, const AttentionShape& s, const Buffer& pool, const char* op);
+
+// Byte alignment of every offset given to Backend::matmul_view: 256, the largest
+// minStorageBufferOffsetAlignment the Vulkan spec allows (a power of two), so one layout serves every device.
+constexpr size_t kBufferViewAlign = 256;
+// Throws std::invalid_argument when [offset, offset + bytes) is not inside b or offset is not a multiple
+// of kBufferViewAlign; `what` names the operand in the message.
+void check_view(const Buffer& b, size_t offset, size_t bytes, const char* op, const char* what);
 
 // True when this module was built with the Vulkan backend (glslc and Vulkan headers found).
 bool backend_has_vulkan();

@@ -43,6 +43,7 @@ class CpuBackend : public Backend {
  public:
   explicit CpuBackend(bool float_activations) : k_(active_kernels()), float_activations_(float_activations) {}
   std::string name() const override { return "cpu"; }
+  const char* dot_path() const override { return float_activations_ ? "float" : "integer dot"; }  // matmul only
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
   void upload(Buffer& buf, const void* src, size_t bytes, size_t offset) override {
@@ -290,6 +291,73 @@ class CpuBackend : public Backend {
           k_.kv_load_row(s.v_format, row(j, hk, s.v_offset, vrb), vr.data(), hd);
           k_.axpy_f32(sc[j - lo] / sum, vr.data(), oh, hd);
         }
+      }
+    }
+  }
+
+  void matmul_view(GgmlType type, const Buffer& w, size_t w_offset, int64_t rows, int64_t cols, const Buffer& x,
+                   size_t x_offset, int T, Buffer& y, size_t y_offset) override {
+    if (rows <= 0 || cols <= 0 || T <= 0) throw std::invalid_argument("cpu matmul_view: rows, cols and T must be > 0");
+    const size_t rb = row_bytes(type, cols);
+    check_view(w, w_offset, rb * rows, "cpu matmul_view", "weights");
+    check_view(x, x_offset, sizeof(float) * T * cols, "cpu matmul_view", "x");
+    check_view(y, y_offset, sizeof(float) * T * rows, "cpu matmul_view", "y");
+    const uint8_t* W = host(w).data() + w_offset;
+    const auto* X = reinterpret_cast<const float*>(host(x).data() + x_offset);
+    auto* Y = reinterpret_cast<float*>(host(y).data() + y_offset);
+    // The body of matmul() over the views: each output row is computed alone (batch invariant).
+    if (type_is_quantized(type) && !float_activations_) {
+      const int64_t nb = cols / kQK;
+      std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
+      for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
+      for (int64_t r = 0; r < rows; ++r) k_.dot_q_batch(type, W + r * rb, q.data(), nb, T, cols, Y + r, rows);
+      return;
+    }
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      k_.dequant_row(type, W + r * rb, row.data(), cols);
+      for (int t = 0; t < T; ++t) Y[t * rows + r] = k_.dot_f32(row.data(), X + t * cols, static_cast<int>(cols));
+    }
+  }
+
+  void gather_rows(const Buffer& src, int T, int n, const Buffer& idx, int R, Buffer& dst) override {
+    if (T < 0 || n <= 0 || R < 0) throw std::invalid_argument("cpu gather_rows: need T >= 0, n > 0, R >= 0");
+    need(src, sizeof(float) * T * n, "src");
+    need(idx, sizeof(int32_t) * R, "idx");
+    need(dst, sizeof(float) * R * n, "dst");
+    const auto* S = reinterpret_cast<const float*>(host(src).data());
+    const auto* I = reinterpret_cast<const int32_t*>(host(idx).data());
+    auto* D = reinterpret_cast<float*>(host(dst).data());
+    for (int r = 0; r < R; ++r) {
+      float* d = D + static_cast<size_t>(r) * n;
+      if (I[r] >= 0 && I[r] < T) {
+        std::memcpy(d, S + static_cast<size_t>(I[r]) * n, sizeof(float) * n);
+      } else {
+        std::fill(d, d + n, 0.0f);
+      }
+    }
+  }
+
+  void combine_rows(const Buffer& src, int R, int n, const Buffer& idx, const Buffer& weight, int T, int K,
+                    Buffer& dst) override {
+    if (R < 0 || n <= 0 || T < 0 || K <= 0) throw std::invalid_argument("cpu combine_rows: need R, T >= 0, n, K > 0");
+    need(src, sizeof(float) * R * n, "src");
+    need(idx, sizeof(int32_t) * T * K, "idx");
+    need(weight, sizeof(float) * T * K, "weight");
+    need(dst, sizeof(float) * T * n, "dst");
+    const auto* S = reinterpret_cast<const float*>(host(src).data());
+    const auto* I = reinterpret_cast<const int32_t*>(host(idx).data());
+    const auto* Wt = reinterpret_cast<const float*>(host(weight).data());
+    auto* D = reinterpret_cast<float*>(host(dst).data());
+    for (int t = 0; t < T; ++t) {
+      float* d = D + static_cast<size_t>(t) * n;
+      std::fill(d, d + n, 0.0f);
+      for (int k = 0; k < K; ++k) {
+        const int32_t r = I[static_cast<size_t>(t) * K + k];
+        if (r < 0 || r >= R) continue;
+        const float wk = Wt[static_cast<size_t>(t) * K + k];
+        const float* s = S + static_cast<size_t>(r) * n;
+        for (int i = 0; i < n; ++i) d[i] += wk * s[i];
       }
     }
   }

@@ -37,6 +37,9 @@ constexpr uint32_t kGatedThreads = 256;             // THREADS in gated.comp
 constexpr uint32_t kRopeThreads = 64;               // local_size_x in rope.comp and rope_table.comp
 constexpr uint32_t kAddThreads = 256;               // THREADS in add.comp
 constexpr uint32_t kKvStoreThreads = 64;            // THREADS in kv_store.comp
+constexpr uint32_t kQuantizeThreads = 64;           // THREADS in quantize_q8.comp
+constexpr uint32_t kQ8ActBytes = 40;                // sizeof(BlockQ8A): quantize_q8.comp's block
+constexpr uint32_t kRowOpThreads = 256;             // THREADS in gather_rows.comp and combine_rows.comp
 constexpr int kAttentionMaxHeadDim = 256;           // MAX_HEAD_DIM in attention.comp
 constexpr uint32_t kVendorMesa = 0x10005;           // VK_VENDOR_ID_MESA
 constexpr uint32_t kVendorNvidia = 0x10DE;
@@ -337,6 +340,8 @@ struct Pipeline {
 uint32_t shader_bindings(const std::string& name) {
   if (name == "rope" || name == "rope_table" || name == "add") return 2;
   if (name == "kv_store") return 4;
+  if (name == "quantize_q8") return 2;
+  if (name == "combine_rows") return 4;  // the routed experts' ops (h1); gather_rows binds 3
   if (name.rfind("attnrows_", 0) == 0) return 5;
   if (name.rfind("attention_", 0) == 0) return 4;
   return 3;  // matmul_*, rms_norm, gated
@@ -380,9 +385,54 @@ const char* matmul_shader(GgmlType type) {
   }
 }
 
+// The Vulkan version a physical device reports.
+uint32_t info_api_version(const Instance& inst, VkPhysicalDevice pd) {
+  VkPhysicalDeviceProperties base{};
+  inst.api.vkGetPhysicalDeviceProperties(pd, &base);
+  return base.apiVersion;
+}
+
+// The integer-dot matmul of a weight type (matmul_dot.comp), or nullptr where only the float path exists.
+const char* matmul_dot_shader(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0:
+      return "matmul_dot_q4_0";
+    case GgmlType::Q4_1:
+      return "matmul_dot_q4_1";
+    case GgmlType::Q8_0:
+      return "matmul_dot_q8_0";
+    // matmul_dot_kquant.comp: the newer formats, as decode32 + dot_q.
+    case GgmlType::Q5_0:
+      return "matmul_dot_q5_0";
+    case GgmlType::Q5_1:
+      return "matmul_dot_q5_1";
+    case GgmlType::Q2_K:
+      return "matmul_dot_q2_k";
+    case GgmlType::Q3_K:
+      return "matmul_dot_q3_k";
+    case GgmlType::Q4_K:
+      return "matmul_dot_q4_k";
+    case GgmlType::Q5_K:
+      return "matmul_dot_q5_k";
+    case GgmlType::Q6_K:
+      return "matmul_dot_q6_k";
+    case GgmlType::IQ4_NL:
+      return "matmul_dot_iq4_nl";
+    case GgmlType::IQ4_XS:
+      return "matmul_dot_iq4_xs";
+    default:
+      return nullptr;
+  }
+}
+
+bool int8_keys(KvFormat f) {
+  return f == KvFormat::Q8_0 || f == KvFormat::Q8_HEAD || f == KvFormat::Q4_0;
+}
+
 class VulkanBackend : public Backend {
  public:
-  explicit VulkanBackend(int index) : ctx_(std::make_shared<Context>()) {
+  // float_activations: the float path even where the device has integer dot products (as the CPU backend's).
+  VulkanBackend(int index, bool float_activations) : ctx_(std::make_shared<Context>()) {
     const Instance& inst = instance();
     const int n = static_cast<int>(inst.devices.size());
     if (n == 0) {
@@ -398,6 +448,11 @@ class VulkanBackend : public Backend {
     // KVSWARM_VULKAN_SUBGROUP=0 keeps the matmul on its plain variant (tests run both on one device).
     const char* sg_env = std::getenv("KVSWARM_VULKAN_SUBGROUP");
     use_subgroup_ = info_.subgroup_arithmetic && !(sg_env != nullptr && std::string(sg_env) == "0");
+    // The integer-dot path (activations and queries quantized to 8 bits, packed 4x8-bit dots) where the device
+    // has shaderIntegerDotProduct; KVSWARM_VULKAN_INTDOT=0 or float_activations keeps the float path.
+    const char* dot_env = std::getenv("KVSWARM_VULKAN_INTDOT");
+    use_intdot_ =
+        info_.integer_dot_product && !float_activations && !(dot_env != nullptr && std::string(dot_env) == "0");
     ctx_->inst = &inst;
     ctx_->physical = inst.devices[index];
     inst.api.vkGetPhysicalDeviceMemoryProperties(ctx_->physical, &ctx_->mem);
@@ -420,6 +475,31 @@ class VulkanBackend : public Backend {
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
+    // shaderInt8 and shaderIntegerDotProduct where offered (describe() read them): core features of Vulkan 1.2
+    // and 1.3, else their KHR extensions, enabled with them. matmul_dot.comp and the INTDOT attention need the
+    // integer dot; nothing needs shaderInt8 yet (8-bit lanes are packed in 32-bit words), it is enabled for
+    // shaders that will read int8 storage.
+    VkPhysicalDeviceShaderFloat16Int8Features int8_feature{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+    VkPhysicalDeviceShaderIntegerDotProductFeatures dot_feature{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+    std::vector<const char*> extensions;
+    const uint32_t dev_api = std::min(info_api_version(inst, ctx_->physical), inst.api_version);
+    void** tail = const_cast<void**>(&di.pNext);
+    if (info_.shader_int8) {
+      int8_feature.shaderInt8 = VK_TRUE;
+      *tail = &int8_feature;
+      tail = &int8_feature.pNext;
+      if (dev_api < VK_API_VERSION_1_2) extensions.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
+    }
+    if (info_.integer_dot_product) {
+      dot_feature.shaderIntegerDotProduct = VK_TRUE;
+      *tail = &dot_feature;
+      tail = &dot_feature.pNext;
+      if (dev_api < VK_API_VERSION_1_3) extensions.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    }
+    di.enabledExtensionCount = uint32_t(extensions.size());
+    di.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();
     check(inst.api.vkCreateDevice(ctx_->physical, &di, nullptr, &ctx_->device), "vkCreateDevice");
     vk::load_device(inst.api, ctx_->device, ctx_->d);
     const auto& d = ctx_->d;
@@ -463,6 +543,7 @@ class VulkanBackend : public Backend {
   }
 
   std::string name() const override { return "vulkan:" + info_.name; }
+  const char* dot_path() const override { return use_intdot_ ? "integer dot" : "float"; }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override {
     if (bytes > info_.max_storage_buffer_range) {
@@ -516,6 +597,10 @@ class VulkanBackend : public Backend {
     need(w, rb * rows, "weights");
     need(x, sizeof(float) * T * cols, "x");
     need(y, sizeof(float) * T * rows, "y");
+    if (use_intdot_ && matmul_dot_shader(type) != nullptr) {
+      matmul_dot(type, w, rows, cols, x, T, y);
+      return;
+    }
     // The subgroup variant (matmul_sg_<type>, where built and the device runs subgroupAdd) reduces a row
     // per subgroup, THREADS / subgroup_size rows per workgroup; the plain one a row per workgroup.
     const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
@@ -723,12 +808,129 @@ class VulkanBackend : public Backend {
          uint32_t(kv_row_bytes(s.k_format, s.head_dim)),
          uint32_t(kv_row_bytes(s.v_format, s.head_dim)),
          uint32_t(pool.bytes() / s.block_bytes)};
-    const std::string shader = std::string("attnrows_") + kv_format_name(s.k_format) + "_" + kv_format_name(s.v_format);
+    // The integer-dot scores (the query quantized as the CPU engine does) for 8-bit keys, whole 32-element blocks.
+    const bool int_scores = use_intdot_ && int8_keys(s.k_format) && s.head_dim % 32 == 0;
+    const std::string shader = std::string(int_scores ? "attnrows_i_" : "attnrows_") + kv_format_name(s.k_format) +
+                               "_" + kv_format_name(s.v_format);
     dispatch(shader, {&q, &pool, &tables, &rows, &out}, &pc, sizeof pc, uint32_t(s.n_head), uint32_t(s.T), 1);
+  }
+
+  // --- the routed experts' ops (h1: qwen3moe on the device) ---
+
+  void matmul_view(GgmlType type, const Buffer& w, size_t w_offset, int64_t rows, int64_t cols, const Buffer& x,
+                   size_t x_offset, int T, Buffer& y, size_t y_offset) override {
+    const char* shader = matmul_shader(type);
+    if (shader == nullptr) {
+      throw std::invalid_argument(std::string("vulkan matmul_view: weight type ") + type_traits(uint32_t(type)).name +
+                                  " has no shader yet (the CPU backend has every type)");
+    }
+    if (rows <= 0 || cols <= 0 || T <= 0) {
+      throw std::invalid_argument("vulkan matmul_view: rows, cols and T must be > 0");
+    }
+    const size_t rb = row_bytes(type, cols);
+    if (rb * rows >= (uint64_t{1} << 32) || uint64_t(T) * cols >= (uint64_t{1} << 32) ||
+        uint64_t(T) * rows >= (uint64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan matmul_view: a view over 4 GiB (or 2^32 elements) is not supported");
+    }
+    own(w, "matmul_view weights");
+    own(x, "matmul_view x");
+    own(y, "matmul_view y");
+    check_view(w, w_offset, rb * rows, "vulkan matmul_view", "weights");
+    check_view(x, x_offset, sizeof(float) * T * cols, "vulkan matmul_view", "x");
+    check_view(y, y_offset, sizeof(float) * T * rows, "vulkan matmul_view", "y");
+    // The views are descriptor offsets: the device's alignment must divide kBufferViewAlign.
+    if (view_align_ == 0) {
+      VkPhysicalDeviceProperties props{};
+      ctx_->inst->api.vkGetPhysicalDeviceProperties(ctx_->physical, &props);
+      view_align_ = std::max<size_t>(1, props.limits.minStorageBufferOffsetAlignment);
+    }
+    if (kBufferViewAlign % view_align_ != 0) {
+      throw std::runtime_error("vulkan matmul_view: " + info_.name + " asks storage-buffer offsets aligned to " +
+                               std::to_string(view_align_) + " bytes, which does not divide kBufferViewAlign " +
+                               std::to_string(kBufferViewAlign));
+    }
+    // As matmul(): the integer-dot path where it runs, else the subgroup variant where built and the device
+    // runs subgroupAdd, else the plain shader.
+    if (use_intdot_ && matmul_dot_shader(type) != nullptr) {
+      matmul_dot(type, w, rows, cols, x, T, y, w_offset, x_offset, y_offset);
+      return;
+    }
+    const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
+    const bool use_sg = use_subgroup_ && embedded(sg);
+    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
+    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
+    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
+    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
+    const uint32_t gz = (groups + gx - 1) / gx;
+    const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
+    if (gy > kMaxGroups) throw std::invalid_argument("vulkan matmul_view: T too large for one dispatch");
+    dispatch(use_sg ? sg : std::string(shader), {&w, &x, &y}, pc, sizeof pc, gx, gy, gz,
+             {w_offset, x_offset, y_offset});
+  }
+
+  void gather_rows(const Buffer& src, int T, int n, const Buffer& idx, int R, Buffer& dst) override {
+    if (T < 0 || n <= 0 || R < 0 || uint64_t(T) * n >= (uint64_t{1} << 32) || uint64_t(R) * n >= (uint64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan gather_rows: need T >= 0, n > 0, R >= 0 and 32-bit indices");
+    }
+    if (R == 0) return;
+    need(src, sizeof(float) * size_t(T) * n, "src");
+    need(idx, sizeof(int32_t) * R, "idx");
+    need(dst, sizeof(float) * size_t(R) * n, "dst");
+    const uint32_t pc[3] = {uint32_t(T), uint32_t(n), uint32_t(R)};
+    const uint32_t gy = std::min(uint32_t(R), kMaxGroups);  // rows over y, then z
+    dispatch("gather_rows", {&src, &idx, &dst}, pc, sizeof pc, (uint32_t(n) + kRowOpThreads - 1) / kRowOpThreads, gy,
+             (uint32_t(R) + gy - 1) / gy);
+  }
+
+  void combine_rows(const Buffer& src, int R, int n, const Buffer& idx, const Buffer& weight, int T, int K,
+                    Buffer& dst) override {
+    if (R < 0 || n <= 0 || T < 0 || K <= 0 || uint64_t(R) * n >= (uint64_t{1} << 32) ||
+        uint64_t(T) * n >= (uint64_t{1} << 32) || uint64_t(T) * K >= (uint64_t{1} << 32)) {
+      throw std::invalid_argument("vulkan combine_rows: need R, T >= 0, n, K > 0 and 32-bit indices");
+    }
+    if (T == 0) return;
+    need(src, sizeof(float) * size_t(R) * n, "src");
+    need(idx, sizeof(int32_t) * size_t(T) * K, "idx");
+    need(weight, sizeof(float) * size_t(T) * K, "weight");
+    need(dst, sizeof(float) * size_t(T) * n, "dst");
+    const uint32_t pc[4] = {uint32_t(R), uint32_t(n), uint32_t(T), uint32_t(K)};
+    const uint32_t gy = std::min(uint32_t(T), kMaxGroups);  // rows over y, then z
+    dispatch("combine_rows", {&src, &idx, &weight, &dst}, pc, sizeof pc,
+             (uint32_t(n) + kRowOpThreads - 1) / kRowOpThreads, gy, (uint32_t(T) + gy - 1) / gy);
   }
 
  private:
   static constexpr uint32_t kMaxBindings = 5;
+
+  // matmul() on the integer-dot path: X (T, cols) quantized to BlockQ8A blocks in act_q8_ (quantize_q8.comp,
+  // quantize_act's encoding), then matmul_dot_<type> (or its subgroup variant) over them. Shapes are checked.
+  // w_offset, x_offset, y_offset: byte views of w, x, y (matmul_view; checked by it).
+  void matmul_dot(GgmlType type, const Buffer& w, int64_t rows, int64_t cols, const Buffer& x, int T, Buffer& y,
+                  size_t w_offset = 0, size_t x_offset = 0, size_t y_offset = 0) {
+    const uint64_t n_blocks = uint64_t(T) * uint64_t(cols) / 32;
+    const size_t q_bytes = size_t(n_blocks) * kQ8ActBytes;
+    if (!act_q8_ || act_q8_->bytes() < q_bytes) {
+      sync();  // NOTE: queued ops may still read the old scratch buffer
+      act_q8_.reset();
+      act_q8_ = alloc(q_bytes);
+    }
+    const uint32_t qgroups = uint32_t((n_blocks + kQuantizeThreads - 1) / kQuantizeThreads);
+    const uint32_t qx = std::min(qgroups, kMaxGroups);
+    const uint32_t qpc[1] = {uint32_t(n_blocks)};
+    dispatch("quantize_q8", {&x, act_q8_.get()}, qpc, sizeof qpc, qx, (qgroups + qx - 1) / qx, 1, {x_offset, 0});
+    const char* shader = matmul_dot_shader(type);
+    const std::string sg = std::string("matmul_dot_sg_") + (shader + std::strlen("matmul_dot_"));
+    const bool use_sg = use_subgroup_ && embedded(sg);
+    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
+    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(row_bytes(type, cols)), per_group};
+    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
+    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
+    const uint32_t gz = (groups + gx - 1) / gx;
+    const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
+    if (gy > kMaxGroups) throw std::invalid_argument("vulkan matmul: T too large for one dispatch");
+    dispatch(use_sg ? sg : std::string(shader), {&w, act_q8_.get(), &y}, pc, sizeof pc, gx, gy, gz,
+             {w_offset, 0, y_offset});
+  }
 
   const VkBuf& own(const Buffer& b, const char* op) const {
     const auto* v = dynamic_cast<const VkBuf*>(&b);
@@ -881,8 +1083,10 @@ class VulkanBackend : public Backend {
     return pipelines_.emplace(name, p).first->second;
   }
 
+  // offsets: byte offset of each binding's view (matmul_view), or empty for whole buffers.
   void dispatch(const std::string& shader, std::initializer_list<const Buffer*> bufs, const void* push,
-                uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+                uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz,
+                std::initializer_list<size_t> offsets = {}) {
     std::lock_guard<std::mutex> lock(mu_);
     const Pipeline& p = pipeline(shader);
     if (bufs.size() != p.bindings || push_bytes > kPushBytes) throw std::logic_error("vulkan: " + shader + " misbound");
@@ -899,7 +1103,7 @@ class VulkanBackend : public Backend {
     VkWriteDescriptorSet writes[kMaxBindings];
     uint32_t i = 0;
     for (const Buffer* b : bufs) {
-      infos[i] = {own(*b, shader.c_str()).handle(), 0, VK_WHOLE_SIZE};
+      infos[i] = {own(*b, shader.c_str()).handle(), i < offsets.size() ? offsets.begin()[i] : 0, VK_WHOLE_SIZE};
       writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
       writes[i].dstSet = set;
       writes[i].dstBinding = i;
@@ -921,6 +1125,8 @@ class VulkanBackend : public Backend {
   std::shared_ptr<Context> ctx_;
   VulkanDeviceInfo info_;
   bool use_subgroup_ = false;  // matmul_sg_<type> where embedded
+  bool use_intdot_ = false;    // the integer-dot path: matmul_dot_<type>, attnrows_i_<k>_<v>
+  std::unique_ptr<Buffer> act_q8_;  // (T, cols / 32) BlockQ8A: the last integer-dot matmul's activations
   uint32_t queue_family_ = 0;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
@@ -932,12 +1138,13 @@ class VulkanBackend : public Backend {
   bool recording_ = false;  // cmd_ holds ops not yet submitted
   uint32_t sets_used_ = 0;  // descriptor sets of those ops
   std::mutex mu_;           // one op records and submits at a time
+  size_t view_align_ = 0;   // minStorageBufferOffsetAlignment, read on the first matmul_view
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_vulkan_backend(int index) {
-  return std::make_unique<VulkanBackend>(index);
+std::unique_ptr<Backend> make_vulkan_backend(int index, bool float_activations) {
+  return std::make_unique<VulkanBackend>(index, float_activations);
 }
 
 std::vector<VulkanDeviceInfo> vulkan_devices_impl() {

@@ -6,7 +6,21 @@
 // builds every pair). One workgroup per (head, query row).
 // KV pool layout (kv_cache.h): the row of (kv head h, slot j) of K in table block b starts at byte
 //   blocks[b] * block_bytes + k_offset + (h * block_tokens + j) * k_row_bytes   (V alike).
+// INTDOT=1 (built for the 8-bit keys q8_0, q8_head, q4_0; picked where shaderIntegerDotProduct is enabled)
+// scores as the CPU engine does (model.cpp, kernels/ref.cpp's attn_scores): the scaled query is quantized
+// to 8 bits, per 32 elements (quantize_act) or with one scale over the head for q8_head keys
+// (quantize_head), and each score is a sum of packed 4x8-bit integer dots times the scales, in the CPU's
+// order of float operations.
 #version 450
+#ifndef INTDOT
+#define INTDOT 0
+#endif
+#if INTDOT
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450), PackedVectorFormat4x8Bit: capabilities DotProductInput4x8BitPacked (6019), DotProduct (6018).
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int packed_format);
+#endif
 
 #define THREADS 64
 #define CHUNK THREADS        // positions scored per step, one per thread
@@ -37,6 +51,21 @@ layout(push_constant) uniform Params {
 
 shared float qs[MAX_HEAD_DIM];
 shared float sc[CHUNK];
+#if INTDOT
+#define MAX_QBLOCKS (MAX_HEAD_DIM / 32)
+shared uint qw[MAX_HEAD_DIM / 4];  // the quantized query: element 4k + j in byte j of word k
+shared float qd[MAX_QBLOCKS];      // per 32-element block: its scale d
+shared float qds[MAX_QBLOCKS];     // ... and d * sum(q)
+shared float qamax[MAX_QBLOCKS];   // per block: max |q * scale| (q8_head takes the max of these)
+
+// a / b rounded to nearest, as the CPU divides (kv_store.comp's div_rn).
+float div_rn(float a, float b) {
+  precise float q = a / b;
+  precise float r = fma(-q, b, a);
+  precise float c = fma(r, 1.0 / b, q);
+  return c;
+}
+#endif
 
 uint byte_at(uint off) { return (kv[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu; }
 int sbyte_at(uint off) { return int(byte_at(off) << 24) >> 24; }
@@ -56,6 +85,53 @@ float f32_at(uint off) {
   const uint lo = kv[off >> 2] >> s;
   return uintBitsToFloat(s == 0u ? lo : lo | (kv[(off >> 2) + 1u] << (32u - s)));
 }
+
+#if INTDOT
+// The 4 bytes at off (any alignment).
+uint word_at(uint off) {
+  const uint i = off >> 2;
+  const uint sh = (off & 3u) * 8u;
+  return sh == 0u ? kv[i] : (kv[i] >> sh) | (kv[i + 1u] << (32u - sh));
+}
+
+// q . k for the K row at byte `row` against the quantized query (qw, qd, qds), as kernels/ref.cpp's
+// score_row: q8_0 and q4_0 as dot_q (per block acc = fma(s, d_k d_q, acc), q4_0 then fma(-8 d_k, ds_q,
+// acc)); q8_head sums d_q * s over blocks and scales the sum once.
+float int_score(uint row, uint nb) {
+  float acc = 0.0;
+  for (uint b = 0; b < nb; ++b) {
+    int s = 0;
+    if (KFMT == 2u) {  // BlockQ8_0 {f16 d; i8 qs[32]}
+      const uint blk = row + b * 34u;
+      for (uint k = 0; k < 8u; ++k) s += sdot4x8(word_at(blk + 2u + 4u * k), qw[8u * b + k], 0);
+      precise float dd = half_at(blk) * qd[b];
+      precise float v = fma(float(s), dd, acc);
+      acc = v;
+    } else if (KFMT == 4u) {  // BlockQ4_0 {f16 d; u8 qs[16]}: element i low nibble of byte i, 16 + i high
+      const uint blk = row + b * 18u;
+      for (uint k = 0; k < 4u; ++k) {
+        const uint v = word_at(blk + 2u + 4u * k);
+        s += sdot4x8(v & 0x0F0F0F0Fu, qw[8u * b + k], 0);
+        s += sdot4x8((v >> 4) & 0x0F0F0F0Fu, qw[8u * b + 4u + k], 0);
+      }
+      const float d = half_at(blk);
+      precise float dd = d * qd[b];
+      precise float v = fma(float(s), dd, acc);
+      v = fma(-8.0 * d, qds[b], v);
+      acc = v;
+    } else {  // q8_head: [f32 scale][i8 q[head_dim]]
+      for (uint k = 0; k < 8u; ++k) s += sdot4x8(word_at(row + 4u + 32u * b + 4u * k), qw[8u * b + k], 0);
+      precise float v = acc + qd[b] * float(s);
+      acc = v;
+    }
+  }
+  if (KFMT == 3u) {
+    precise float v = f32_at(row) * acc;
+    return v;
+  }
+  return acc;
+}
+#endif
 
 // Element e of the row at byte `row` in format f.
 float load(uint f, uint row, uint e) {
@@ -97,6 +173,39 @@ void main() {
   const uint lo = p.window > 0u && last + 1u > p.window ? last + 1u - p.window : 0u;
 
   for (uint d = lid; d < hd; d += THREADS) qs[d] = q[qbase + d] * p.scale;
+#if INTDOT
+  // The scaled query quantized as the CPU engine does (head_dim a multiple of 32: the backend checks).
+  const uint nb = hd / 32u;
+  barrier();
+  if (lid < nb) {
+    float amax = 0.0;
+    for (uint i = 0; i < 32u; ++i) amax = max(amax, abs(qs[32u * lid + i]));
+    qamax[lid] = amax;
+  }
+  barrier();
+  if (lid < nb) {
+    float amax = qamax[lid];
+    if (KFMT == 3u) {  // quantize_head: one scale over the whole head
+      for (uint b = 0; b < nb; ++b) amax = max(amax, qamax[b]);
+    }
+    const float d = div_rn(amax, 127.0);
+    const float id = d != 0.0 ? div_rn(1.0, d) : 0.0;
+    int sum = 0;
+    for (uint k = 0; k < 8u; ++k) {
+      uint word = 0u;
+      for (uint j = 0; j < 4u; ++j) {
+        precise float v = qs[32u * lid + 4u * k + j] * id;
+        const int qi = int(roundEven(v));
+        sum += qi;
+        word |= (uint(qi) & 0xFFu) << (8u * j);
+      }
+      qw[8u * lid + k] = word;
+    }
+    qd[lid] = d;
+    precise float ds = d * float(sum);
+    qds[lid] = ds;
+  }
+#endif
   float acc[DIMS_PER_THREAD];
   for (uint k = 0; k < DIMS_PER_THREAD; ++k) acc[k] = 0.0;
   float m = -1.0 / 0.0;  // running max
@@ -110,8 +219,12 @@ void main() {
       const uint blk = block_of(pos);
       if (blk < p.n_blocks) {
         const uint row = row_offset(blk, pos, kvh, p.k_offset, p.k_row_bytes);
+#if INTDOT
+        s = int_score(row, nb);
+#else
         s = 0.0;
         for (uint d = 0; d < hd; ++d) s += qs[d] * load(KFMT, row, d);
+#endif
       }
     }
     sc[lid] = s;

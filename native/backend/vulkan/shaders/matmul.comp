@@ -1,8 +1,8 @@
 // Y (T, rows) = W (rows, cols) @ X (T, cols)^T for one weight format, chosen at build time by
 // WTYPE (the GGUF type id: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0; CMakeLists.txt builds each).
 // One workgroup per (weight row, pass of up to ROWS_PER_PASS activation rows): the weight row is
-// decoded once per pass and dotted with every activation row of the pass (float path; the
-// integer-dot path for devices with shaderInt8 is still to come, docs/GPU.md).
+// decoded once per pass and dotted with every activation row of the pass (float path; the integer-dot
+// path of Q4_0 / Q4_1 / Q8_0 is matmul_dot.comp, docs/GPU.md "Integer dot products").
 // SUBGROUP=1 builds the variant the backend picks where subgroup arithmetic runs in compute shaders:
 // each subgroup reduces one weight row with subgroupAdd (no shared memory, no barriers), and a workgroup
 // covers rows_per_group rows (THREADS / the device's subgroup size; the loop over rows covers them all

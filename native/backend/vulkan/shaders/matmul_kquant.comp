@@ -8,8 +8,8 @@
 // SUBGROUP=1 builds the variant the backend picks where subgroup arithmetic runs in compute shaders, as
 // matmul.comp's: each subgroup reduces one weight row with subgroupAdd, a workgroup covers rows_per_group
 // rows. Either variant gives a row the same sum whatever T is (batch invariance).
-// Float path: weights decoded to float, float32 accumulation. NOTE: the integer-dot path (q8
-// activations, packed 4x8 dots) waits for a glslc with GL_EXT_integer_dot_product (docs/GPU.md).
+// Float path: weights decoded to float, float32 accumulation. The integer-dot path (q8 activations,
+// packed 4x8 dots) of these formats is matmul_dot_kquant.comp (docs/GPU.md "Integer dot products").
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
 #ifndef SUBGROUP
