@@ -354,6 +354,47 @@ void bind_backend(py::module_& m) {
       py::arg("backend"), py::arg("device"), py::arg("q"), py::arg("pool"), py::arg("blocks"), py::arg("n_head_kv"),
       py::arg("block_tokens"), py::arg("n_past"), py::arg("scale"), py::arg("block_bytes"), py::arg("k_offset"),
       py::arg("v_offset"), py::arg("kv_k"), py::arg("kv_v"));
+  // The forward's batched attention (Backend::attention_rows): q (T, n_head, head_dim), row t at position
+  // rows[t, 0] over the block table starting at entry rows[t, 1] of `tables` -> (T, n_head, head_dim).
+  // integer_dot: the Vulkan backend's integer-dot path (8-bit queries for 8-bit keys) where the device has it.
+  m.def(
+      "_backend_attention_rows",
+      [](const std::string& backend, int device, FloatArray q, py::bytes pool,
+         py::array_t<int32_t, py::array::c_style> tables, py::array_t<int32_t, py::array::c_style> rows, int n_head_kv,
+         int block_tokens, float scale, size_t block_bytes, size_t k_offset, size_t v_offset, const std::string& kv_k,
+         const std::string& kv_v, int window, bool integer_dot) {
+        if (q.ndim() != 3 || rows.ndim() != 2 || rows.shape(0) != q.shape(0) || rows.shape(1) != 2) {
+          throw std::invalid_argument("_backend_attention_rows: q (T, n_head, head_dim) and rows (T, 2) expected");
+        }
+        AttentionShape s;
+        s.T = static_cast<int>(q.shape(0));
+        s.n_head = static_cast<int>(q.shape(1));
+        s.head_dim = static_cast<int>(q.shape(2));
+        s.n_head_kv = n_head_kv;
+        s.block_tokens = block_tokens;
+        s.scale = scale;
+        s.block_bytes = block_bytes;
+        s.k_offset = k_offset;
+        s.v_offset = v_offset;
+        s.k_format = kv_format_from_string(kv_k);
+        s.v_format = kv_format_from_string(kv_v);
+        s.window = window;
+        const std::string raw = pool;
+        Backend& be = cached_backend(backend, device, integer_dot);
+        auto qb = upload_bytes(be, q.data(), sizeof(float) * q.size());
+        auto pb = upload_bytes(be, raw.data(), raw.size());
+        auto tb = upload_bytes(be, tables.data(), sizeof(int32_t) * tables.size());
+        auto rb = upload_bytes(be, rows.data(), sizeof(int32_t) * rows.size());
+        auto ob = be.alloc(sizeof(float) * q.size());
+        {
+          py::gil_scoped_release release;
+          be.attention_rows(s, *qb, *pb, *tb, *rb, *ob);
+        }
+        return download_floats(be, *ob, {s.T, s.n_head, s.head_dim});
+      },
+      py::arg("backend"), py::arg("device"), py::arg("q"), py::arg("pool"), py::arg("tables"), py::arg("rows"),
+      py::arg("n_head_kv"), py::arg("block_tokens"), py::arg("scale"), py::arg("block_bytes"), py::arg("k_offset"),
+      py::arg("v_offset"), py::arg("kv_k"), py::arg("kv_v"), py::arg("window") = 0, py::arg("integer_dot") = false);
 }
 
 // One call of attn_scores and of attn_accum at `level` over cnt K/V rows stored in kfmt / vfmt:

@@ -45,16 +45,16 @@ QUANTIZED_KEYS = ("q8_0", "q8_head", "q4_0")  # attention_rows.comp INTDOT=1's k
 
 # Named limits.
 # matmul, per output, relative to sum_b M_b (M_b: the magnitudes of block b's float terms, below): the
-# integer sum of a block is exact on both sides; its float term takes at most 3 roundings (Q4_0:
-# d_w * (d_a * s - 8 * ds_a): the product d_a * s, the difference, the product by d_w; Q4_1 and Q8_0 alike),
-# and the sum over nb blocks at most nb - 1 sequential additions plus 8 levels of the workgroup's tree (or
-# subgroup) sum of up to 256 threads: (3 + nb + 8) * 2^-24.
+# integer sum of a block is exact on both sides; its terms take at most 3 roundings (dot_q's chain: the
+# product d_w * d_a, fma(s, d_w d_a, acc), Q4's fma with ds_a), the running sum over a thread's blocks one
+# per block, and the sum of the threads at most 8 levels of the workgroup's tree (or subgroup) sum of up to
+# 256 threads: (3 + nb + 8) * 2^-24.
 MATMUL_ROUNDINGS_PER_BLOCK = 3
 MATMUL_TREE_LEVELS = 8
-# The newer formats: dot_q's terms from decode32 (per 16-element half s * sum(q q_a) + o * sum(q_a), then
-# d_a times the block's sum) against float64 over gguf-py's dequantized weights and the reference kernel's
+# The newer formats: dot_q's chain per block (exact integer half sums times integer scales, then two or three
+# fmas with the float scales) against float64 over gguf-py's dequantized weights and the reference kernel's
 # quantized activations, relative to sum |w| |x_hat|, with test_kquants.py's allowance of 8 float32
-# roundings per block, plus the sum over blocks and the tree as above.
+# roundings per block, plus the tree as above.
 NEW_ROUNDINGS_PER_BLOCK = 8
 # Engine logits, as a share of the largest |logit| of the CPU engine's rows. Both engines quantize the same
 # activations and queries with the same encoding and sum exact integer dots; their float32 values differ by
@@ -221,13 +221,85 @@ def test_matmul_integer_dot_plain_variant(device: int) -> None:
         pytest.skip("this device runs the plain variant in test_matmul_integer_dot already")
     env = dict(os.environ, KVSWARM_VULKAN_SUBGROUP="0", KVSWARM_VULKAN_DEVICE=str(device))
     env.pop("KVSWARM_VULKAN_INTDOT", None)
-    tests = [f"{__file__}::{t}" for t in ("test_matmul_integer_dot", "test_matmul_integer_dot_new_formats")]
+    names = ("test_matmul_integer_dot", "test_matmul_integer_dot_new_formats")
+    tests = [f"{__file__}::{t}" for t in names]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert f"{len(INTDOT_WEIGHT_TYPES) * 4 + len(INTDOT_NEW_TYPES) * 2} passed" in r.stdout
+
+
+# ---------------------------------------------------------------------------
+# attention_rows.comp INTDOT=1 against the reference kernel's attn_scores
+# ---------------------------------------------------------------------------
+
+# The device's scores are the reference kernel's (the same quantized query, exact integer dots, the same
+# chain of float operations per position), so what remains is the float32 softmax and V sum over the
+# positions: outputs are convex combinations of unit-scale V rows, a few float32 ulp (test_vulkan.py's
+# ATTN_ABS_LIMIT).
+ATTN_ABS_LIMIT = 2e-5
+ATTN_INT_PAIRS = [("q8_0", "q8_0"), ("q8_head", "f16"), ("q4_0", "q4_0"), ("q8_head", "q8_head"), ("q4_0", "f32")]
+
+
+@pytest.mark.parametrize(("kv_k", "kv_v"), ATTN_INT_PAIRS)
+def test_attention_rows_integer_dot(device: int, kv_k: str, kv_v: str) -> None:
+    """Two sequences' rows over their own block tables in one pool: 150 and 37 positions (three chunks of
+    the shader's online softmax; a partial last block), GQA 2:1, head_dim 64."""
+    need_intdot(device)
+    if os.environ.get("KVSWARM_VULKAN_INTDOT") == "0":
+        pytest.skip("KVSWARM_VULKAN_INTDOT=0: the float path (test_vulkan.py::test_attention)")
+    n_head, n_kv, hd, bt = 4, 2, 64, 16
+    lengths = (150, 37)
+    rng = np.random.default_rng(29)
+    k_row, v_row = _native.kv_row_bytes(kv_k, hd), _native.kv_row_bytes(kv_v, hd)
+    block_bytes = n_kv * bt * (k_row + v_row)
+    v_offset = n_kv * bt * k_row
+    n_blocks = [(n + bt - 1) // bt for n in lengths]
+    pool_blocks = sum(n_blocks) + 2  # unused blocks hold garbage that must never be read
+    order = rng.permutation(pool_blocks).astype(np.int32)
+    tables = [order[: n_blocks[0]], order[n_blocks[0] : n_blocks[0] + n_blocks[1]]]
+    pool = bytearray(rng.integers(0, 256, pool_blocks * block_bytes, dtype=np.uint8).tobytes())
+    kf = [rng.standard_normal((n, n_kv, hd)).astype(np.float32) for n in lengths]  # the rows before storing
+    vf = [rng.standard_normal((n, n_kv, hd)).astype(np.float32) for n in lengths]
+    for seq, n in enumerate(lengths):
+        for pos in range(n):
+            base = int(tables[seq][pos // bt]) * block_bytes
+            for h in range(n_kv):
+                ko = base + (h * bt + pos % bt) * k_row
+                vo = base + v_offset + (h * bt + pos % bt) * v_row
+                pool[ko : ko + k_row] = _native._kv_roundtrip("ref", kv_k, kf[seq][pos, h])[1]
+                pool[vo : vo + v_row] = _native._kv_roundtrip("ref", kv_v, vf[seq][pos, h])[1]
+    # Rows: the last position of sequence 0, then two rows of sequence 1 (a prefill chunk, causal).
+    rows = np.array([[lengths[0] - 1, 0], [lengths[1] - 2, n_blocks[0]], [lengths[1] - 1, n_blocks[0]]], np.int32)
+    seq_of = [0, 1, 1]
+    q = rng.standard_normal((len(rows), n_head, hd)).astype(np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    got = _native._backend_attention_rows(
+        "vulkan", device, q, bytes(pool), np.concatenate(tables), rows, n_head_kv=n_kv, block_tokens=bt,
+        scale=float(scale), block_bytes=block_bytes, k_offset=0, v_offset=v_offset, kv_k=kv_k, kv_v=kv_v,
+        integer_dot=True,
+    )  # fmt: skip
+    assert got.shape == q.shape and np.isfinite(got).all()
+    want = np.empty(q.shape)
+    group = n_head // n_kv
+    for t, (pos, _) in enumerate(rows):
+        seq, n = seq_of[t], pos + 1
+        for kh in range(n_kv):
+            qs = q[t, kh * group : (kh + 1) * group] * scale  # float32, as both engines scale the query
+            w0 = np.zeros((group, n), np.float32)
+            scores, _ = _native._kernel_attn_rows("ref", kv_k, kv_v, kf[seq][:n, kh], vf[seq][:n, kh], qs, w0)
+            v = np.stack([_native._kv_roundtrip("ref", kv_v, vf[seq][p, kh])[0] for p in range(n)]).astype(np.float64)
+            e = np.exp(scores.astype(np.float64) - scores.max(axis=1, keepdims=True))
+            want[t, kh * group : (kh + 1) * group] = (e / e.sum(axis=1, keepdims=True)) @ v
+    assert np.abs(got - want).max() <= ATTN_ABS_LIMIT
+    # The float path's (float queries) differs by the query's 8-bit rounding: far past the limit.
+    float_path = _native._backend_attention_rows(
+        "vulkan", device, q, bytes(pool), np.concatenate(tables), rows, n_head_kv=n_kv, block_tokens=bt,
+        scale=float(scale), block_bytes=block_bytes, k_offset=0, v_offset=v_offset, kv_k=kv_k, kv_v=kv_v,
+    )  # fmt: skip
+    assert np.abs(float_path - want).max() > 10 * ATTN_ABS_LIMIT
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 // Y (T, rows) = W (rows, cols) @ X (T, cols)^T with integer dot products for the newer formats, by WTYPE (the
 // GGUF type id: 6 Q5_0, 7 Q5_1, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS;
 // CMakeLists.txt builds each). X arrives quantized by quantize_q8.comp (BlockQ8A per 32 elements). Each
-// 32-element block (a K-quant sub-block: chunk j of super-block s is elements 256s + 32j ..) is decoded as
-// kernels/ref.cpp's decode32 — integer quants q (signed 8-bit lanes: Q5_0 q - 16, Q6_K q - 32, IQ4 the level;
-// unsigned where a min is kept) and per 16-element half h an affine map s[h] * q + o[h] — and dotted as its
-// dot_q: per half, qa = sum q * q_a and as = sum q_a (packed 4x8-bit dots, exact), then
-//   part = (s0 qa0 + o0 as0) + (s1 qa1 + o1 as1);  term = d_a * part
-// in the CPU's order of float operations (precise: no fused multiply-add), summed over the row's blocks.
-// Dispatch, push constants and the SUBGROUP=1 variant are matmul.comp's (and matmul_dot.comp's).
+// 32-element block (a K-quant sub-block: chunk j of super-block s is elements 256s + 32j ..) goes into a
+// thread's running sum as kernels/ref.cpp's dot_q does (decode32 + dot_terms):
+//   qa[h] = sum over 16-element half h of q * q_a, xs[h] = sum of q_a   (packed 4x8-bit dots, exact)
+//   isum = sc[0] qa[0] + sc[1] qa[1];  acc = fma(isum, d * d_a, acc)
+//   with a minimum (Q5_0's -16 d, Q5_1, Q4_K, Q5_K): acc = fma(m, ds_a, acc)
+//   Q2_K's 16-element mins: acc = fma(-(mn[0] xs[0] + mn[1] xs[1]), dmin * d_a, acc)
+// where q is the quant as the dot uses it (Q5_0 unsigned, Q6_K q - 32, Q3_K signed, IQ4 the level), sc the
+// integer 16-element scales (Q6_K, Q3_K, Q2_K; 1 elsewhere) and d the float scale (the sub-block's for Q4_K,
+// Q5_K, IQ4_XS). precise: no other contraction. Dispatch, push constants and the SUBGROUP=1 variant are
+// matmul.comp's (and matmul_dot.comp's).
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_spirv_intrinsics : require
@@ -71,50 +74,56 @@ const int kLevels[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
 // Element l of the block as lane l % 4 of word l / 4.
 void put(inout uint q[8], uint l, int v) { q[l >> 2] |= (uint(v) & 0xFFu) << (8u * (l & 3u)); }
 
-// Block b of the row at byte rbase as decode32 gives it: quants q (packed) and s[h], o[h] per 16-element half.
-void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2]) {
+#if WTYPE == 6 || WTYPE == 7 || WTYPE == 12 || WTYPE == 13
+#define DS_TERM 1
+#else
+#define DS_TERM 0
+#endif
+
+// Block b of the row at byte rbase as dot_terms gives it: quants q (packed), integer half scales sc and (Q2_K)
+// mins mn, float scale d and m (the a.ds coefficient, or Q2_K's dmin).
+void decode_terms(uint rbase, uint b, out uint q[8], out int sc[2], out int mn[2], out float d, out float m) {
   [[unroll]] for (uint k = 0; k < 8u; ++k) q[k] = 0u;
-  o[0] = 0.0;
-  o[1] = 0.0;
+  sc[0] = 1;
+  sc[1] = 1;
+  mn[0] = 0;
+  mn[1] = 0;
+  m = 0.0;
 #if WTYPE == 6 || WTYPE == 7
 #if WTYPE == 6
-  const uint blk = rbase + b * 22u;  // BlockQ5_0 {f16 d; u8 qh[4]; u8 qs[16]}: q - 16
+  const uint blk = rbase + b * 22u;  // BlockQ5_0 {f16 d; u8 qh[4]; u8 qs[16]}: unsigned q, m = -16 d
   const uint qh = byte_at(blk + 2u) | byte_at(blk + 3u) << 8 | byte_at(blk + 4u) << 16 | byte_at(blk + 5u) << 24;
   const uint qs = blk + 6u;
-  const int off = 16;
+  d = half_at(blk);
+  m = -16.0 * d;
 #else
-  const uint blk = rbase + b * 24u;  // BlockQ5_1 {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: q unsigned, o = m
+  const uint blk = rbase + b * 24u;  // BlockQ5_1 {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: unsigned q
   const uint qh = byte_at(blk + 4u) | byte_at(blk + 5u) << 8 | byte_at(blk + 6u) << 16 | byte_at(blk + 7u) << 24;
   const uint qs = blk + 8u;
-  const int off = 0;
-  o[0] = half_at(blk + 2u);
-  o[1] = o[0];
+  d = half_at(blk);
+  m = half_at(blk + 2u);
 #endif
   for (uint l = 0; l < QK; ++l) {
     const uint nib = l < 16u ? byte_at(qs + l) & 15u : byte_at(qs + l - 16u) >> 4;
-    put(q, l, int(nib | ((qh >> l) & 1u) << 4) - off);
+    put(q, l, int(nib | ((qh >> l) & 1u) << 4));
   }
-  s[0] = half_at(blk);
-  s[1] = s[0];
 #elif WTYPE == 20
   const uint blk = rbase + b * 18u;  // BlockIQ4_NL {f16 d; u8 qs[16]}: the level of each nibble
   for (uint l = 0; l < QK; ++l) {
     put(q, l, kLevels[l < 16u ? byte_at(blk + 2u + l) & 15u : byte_at(blk + 2u + l - 16u) >> 4]);
   }
-  s[0] = half_at(blk);
-  s[1] = s[0];
+  d = half_at(blk);
 #else
-  const uint sb = b >> 3;   // super-block
-  const uint j = b & 7u;    // 32-element sub-block inside it
+  const uint sb = b >> 3;  // super-block
+  const uint j = b & 7u;   // 32-element sub-block inside it
 #if WTYPE == 23
   const uint blk = rbase + sb * 136u;  // BlockIQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}
   const uint qs = blk + 8u + 16u * j;
   for (uint l = 0; l < QK; ++l) put(q, l, kLevels[l < 16u ? byte_at(qs + l) & 15u : byte_at(qs + l - 16u) >> 4]);
   const uint scales_h = byte_at(blk + 2u) | byte_at(blk + 3u) << 8;
   const int ls = int(((byte_at(blk + 4u + j / 2u) >> (4u * (j % 2u))) & 15u) | ((scales_h >> (2u * j)) & 3u) << 4);
-  precise float sc = half_at(blk) * float(ls - 32);
-  s[0] = sc;
-  s[1] = sc;
+  precise float dl = half_at(blk) * float(ls - 32);
+  d = dl;
 #elif WTYPE == 12 || WTYPE == 13
 #if WTYPE == 12
   const uint blk = rbase + sb * 144u;  // BlockQ4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}
@@ -130,21 +139,19 @@ void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2])
 #endif
     put(q, l, int(v));
   }
-  const uint sc = blk + 4u;  // quant.h k_scale_min
-  uint scale, mn;
+  const uint scb = blk + 4u;  // quant.h k_scale_min
+  uint scale, mins;
   if (j < 4u) {
-    scale = byte_at(sc + j) & 63u;
-    mn = byte_at(sc + j + 4u) & 63u;
+    scale = byte_at(scb + j) & 63u;
+    mins = byte_at(scb + j + 4u) & 63u;
   } else {
-    scale = (byte_at(sc + j + 4u) & 15u) | ((byte_at(sc + j - 4u) >> 6) << 4);
-    mn = (byte_at(sc + j + 4u) >> 4) | ((byte_at(sc + j) >> 6) << 4);
+    scale = (byte_at(scb + j + 4u) & 15u) | ((byte_at(scb + j - 4u) >> 6) << 4);
+    mins = (byte_at(scb + j + 4u) >> 4) | ((byte_at(scb + j) >> 6) << 4);
   }
   precise float dl = half_at(blk) * float(scale);
-  precise float ml = half_at(blk + 2u) * float(mn);
-  s[0] = dl;
-  s[1] = dl;
-  o[0] = -ml;
-  o[1] = -ml;
+  precise float ml = half_at(blk + 2u) * float(mins);
+  d = dl;
+  m = -ml;
 #elif WTYPE == 14
   const uint blk = rbase + sb * 210u;  // BlockQ6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: q - 32
   const uint h = j / 4u;               // 128-element half
@@ -155,11 +162,8 @@ void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2])
     const uint hi = (byte_at(blk + 128u + 32u * h + r % 32u) >> (2u * (r / 32u))) & 3u;
     put(q, l, int(lo | hi << 4) - 32);
   }
-  const float d = half_at(blk + 208u);
-  [[unroll]] for (uint k = 0; k < 2u; ++k) {
-    precise float v = d * float(sbyte_at(blk + 192u + 2u * j + k));
-    s[k] = v;
-  }
+  d = half_at(blk + 208u);
+  [[unroll]] for (uint k = 0; k < 2u; ++k) sc[k] = sbyte_at(blk + 192u + 2u * j + k);
 #elif WTYPE == 11
   const uint blk = rbase + sb * 110u;  // BlockQ3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
   for (uint l = 0; l < QK; ++l) {
@@ -168,13 +172,12 @@ void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2])
     const uint high = (byte_at(blk + l) >> (e / 32u)) & 1u;
     put(q, l, low - (high != 0u ? 0 : 4));
   }
-  const float d = half_at(blk + 108u);
+  d = half_at(blk + 108u);
   [[unroll]] for (uint k = 0; k < 2u; ++k) {
     const uint sbi = 2u * j + k;  // quant.h q3k_scale
     const uint lo = (byte_at(blk + 96u + sbi % 8u) >> (4u * (sbi / 8u))) & 15u;
     const uint hi = (byte_at(blk + 104u + sbi % 4u) >> (2u * (sbi / 4u))) & 3u;
-    precise float v = d * float(int(lo | hi << 4) - 32);
-    s[k] = v;
+    sc[k] = int(lo | hi << 4) - 32;
   }
 #elif WTYPE == 10
   const uint blk = rbase + sb * 84u;  // BlockQ2_K {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}
@@ -182,14 +185,12 @@ void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2])
     const uint e = 32u * j + l;
     put(q, l, int((byte_at(blk + 16u + 32u * (e / 128u) + l) >> (2u * ((e % 128u) / 32u))) & 3u));
   }
-  const float d = half_at(blk + 80u);
-  const float dmin = half_at(blk + 82u);
+  d = half_at(blk + 80u);
+  m = half_at(blk + 82u);
   [[unroll]] for (uint k = 0; k < 2u; ++k) {
-    const uint sc = byte_at(blk + 2u * j + k);
-    precise float v = d * float(sc & 15u);
-    precise float m = dmin * float(sc >> 4);
-    s[k] = v;
-    o[k] = -m;
+    const uint s = byte_at(blk + 2u * j + k);
+    sc[k] = int(s & 15u);
+    mn[k] = int(s >> 4);
   }
 #else
 #error "WTYPE must be 6, 7, 10, 11, 12, 13, 14, 20 or 23"
@@ -197,23 +198,30 @@ void decode32(uint rbase, uint b, out uint q[8], out float s[2], out float o[2])
 #endif
 }
 
-// Block b of the weight row (q, s, o) against block b of activation row t: dot_q's term.
-float block_dot(const uint q[8], const float s[2], const float o[2], uint t, uint b, uint nblk) {
+// acc + block b of the weight row against block b of activation row t, as dot_q's chain of fmas.
+float block_fma(const uint q[8], const int sc[2], const int mn[2], float d, float m, uint t, uint b, uint nblk,
+                float acc) {
   const uint a = (t * nblk + b) * ACT_WORDS;
-  float part = 0.0;
-  [[unroll]] for (uint h = 0; h < 2u; ++h) {
-    int qa_sum = 0;
-    int a_sum = 0;
-    [[unroll]] for (uint k = 4u * h; k < 4u * h + 4u; ++k) {
-      const uint aw = qa[a + 2u + k];
-      qa_sum += sdot4x8(q[k], aw, 0);
-      a_sum += sdot4x8(aw, 0x01010101u, 0);
-    }
-    precise float v = part + (s[h] * float(qa_sum) + o[h] * float(a_sum));
-    part = v;
+  int qa_sum[2] = int[2](0, 0);
+  int a_sum[2] = int[2](0, 0);
+  [[unroll]] for (uint k = 0; k < 8u; ++k) {
+    const uint aw = qa[a + 2u + k];
+    qa_sum[k / 4u] += sdot4x8(q[k], aw, 0);
+#if WTYPE == 10
+    a_sum[k / 4u] += sdot4x8(aw, 0x01010101u, 0);
+#endif
   }
-  precise float term = uintBitsToFloat(qa[a]) * part;
-  return term;
+  const float ad = uintBitsToFloat(qa[a]);
+  precise float dd = d * ad;
+  precise float v = fma(float(sc[0] * qa_sum[0] + sc[1] * qa_sum[1]), dd, acc);
+#if DS_TERM
+  v = fma(m, uintBitsToFloat(qa[a + 1u]), v);
+#endif
+#if WTYPE == 10
+  precise float md = m * ad;
+  v = fma(-float(mn[0] * a_sum[0] + mn[1] * a_sum[1]), md, v);
+#endif
+  return v;
 }
 
 #if SUBGROUP
@@ -229,10 +237,11 @@ void main() {
     [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = 0.0;
     for (uint b = gl_SubgroupInvocationID; b < nblk; b += gl_SubgroupSize) {
       uint q[8];
-      float s[2], o[2];
-      decode32(rbase, b, q, s, o);
+      int sc[2], mn[2];
+      float d, m;
+      decode_terms(rbase, b, q, sc, mn, d, m);
       [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) {
-        if (t < nt) acc[t] += block_dot(q, s, o, t0 + t, b, nblk);
+        if (t < nt) acc[t] = block_fma(q, sc, mn, d, m, t0 + t, b, nblk, acc[t]);
       }
     }
     [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = subgroupAdd(acc[t]);
@@ -255,9 +264,10 @@ void main() {
   [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) acc[t] = 0.0;
   for (uint b = lid; b < nblk; b += THREADS) {
     uint q[8];
-    float s[2], o[2];
-    decode32(rbase, b, q, s, o);
-    for (uint t = 0; t < nt; ++t) acc[t] += block_dot(q, s, o, t0 + t, b, nblk);
+    int sc[2], mn[2];
+    float d, m;
+    decode_terms(rbase, b, q, sc, mn, d, m);
+    for (uint t = 0; t < nt; ++t) acc[t] = block_fma(q, sc, mn, d, m, t0 + t, b, nblk, acc[t]);
   }
   [[unroll]] for (uint t = 0; t < ROWS_PER_PASS; ++t) red[t][lid] = acc[t];
   barrier();
