@@ -264,11 +264,11 @@ void quantize_act(const float* x, BlockQ8A* out, int64_t n) {
 //   acc = fma(isum, d * a.d, acc); ds_term: acc = fma(m, a.ds, acc);
 //   min16 (Q2_K): msum = mn[0] sum_{l<16} x + mn[1] sum_{l>=16} x, acc = fma(-msum, m * a.d, acc).
 struct DotTerms {
-  int q_offset = 0;     // Q5_0: 16 (the dot uses the unsigned quant, value = d q - 16 d)
-  int sc[2] = {1, 1};   // integer 16-element scales (Q6_K, Q3_K, Q2_K)
-  int mn[2] = {0, 0};   // Q2_K's integer 16-element mins
-  float d = 0.0f;       // float scale of the integer sum
-  float m = 0.0f;       // ds_term: the a.ds coefficient; min16: dmin
+  int q_offset = 0;    // Q5_0: 16 (the dot uses the unsigned quant, value = d q - 16 d)
+  int sc[2] = {1, 1};  // integer 16-element scales (Q6_K, Q3_K, Q2_K)
+  int mn[2] = {0, 0};  // Q2_K's integer 16-element mins
+  float d = 0.0f;      // float scale of the integer sum
+  float m = 0.0f;      // ds_term: the a.ds coefficient; min16: dmin
   bool ds_term = false;
   bool min16 = false;
 };

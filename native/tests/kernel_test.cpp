@@ -98,7 +98,7 @@ void random_blocks(GgmlType type, std::vector<uint8_t>& out, std::mt19937& rng) 
 // quants are all +127 or alternate +-127. Products then share a sign over whole blocks: the int16 sums of
 // the SIMD bodies would saturate if they were not exact, and the results would leave the reference's bits.
 void test_extremes(const Kernels& k, const Kernels& ref) {
-  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,  GgmlType::Q4_K,
+  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K,
                             GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
   std::mt19937 rng(5);
   for (GgmlType t : types) {
@@ -258,9 +258,9 @@ void test_level(const Kernels& k, const Kernels& ref) {
       const GgmlType kRefExact[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0};
       // The newer formats follow the reference's order on the x86 levels (kernels/x86_rows_sub.inc);
       // NEON keeps its own bodies for them.
-      const GgmlType kRefExactX86[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,
-                                       GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL,
-                                       GgmlType::IQ4_XS};
+      const GgmlType kRefExactX86[] = {GgmlType::Q5_0, GgmlType::Q5_1,   GgmlType::Q2_K,
+                                       GgmlType::Q3_K, GgmlType::Q4_K,   GgmlType::Q5_K,
+                                       GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
       const bool x86_level = L == "avx2" || L == "avx512";
       // NEON keeps its own Q4_0/Q4_1 bodies too: bit-exactness with the reference is an x86 property.
       const bool ref_exact =
