@@ -5,10 +5,11 @@
 
 Build the old module from an earlier commit beside the tree (`git archive REV native | tar -x -C /tmp/old`,
 then `cmake -S /tmp/old/native -B /tmp/old/b -DKVS_PYTHON=ON -Dpybind11_DIR=...` and `cmake --build`).
-Each round runs the old build, then this one, in fresh subprocesses (one module per process), so both see
-the same machine minutes apart; each cell is one sequence whose cache is filled to the depth by
-Engine.fill_kv (--seqs N: N such sequences stepped together), one untimed step, then --steps timed steps. Prints the median (min-max) per build and the
-ratio of the medians; the VM is noisy, so a ratio whose ranges overlap is not a result.
+Each round runs the old build, then this one (--new: another .so), in fresh subprocesses (one module per
+process), so both see the same machine minutes apart; each cell is one sequence whose cache is filled to
+the depth by Engine.fill_kv (--seqs N: N such sequences stepped together), one untimed step, then --steps
+timed steps. Prints the median (min-max) per build and the ratio of the medians; the VM is noisy, so a
+ratio whose ranges overlap is not a result.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     for _ in range(args.rounds):
         for side, module in (("old", args.old), ("new", args.new)):
-            argv = [sys.executable, __file__, "--old", args.old, "--child", module, "--depths", *map(str, args.depths),
-                    "--kv", *args.kv, "--seqs", *map(str, args.seqs), "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+            argv = [sys.executable, __file__, "--old", args.old, "--child", module]
+            argv += ["--depths", *map(str, args.depths), "--kv", *args.kv, "--seqs", *map(str, args.seqs)]
+            argv += ["--steps", str(args.steps), "--threads", str(args.threads)]
             # cwd outside the tree: `worker` must come from sys.path[0] as set in _measure, not an installed copy
             p = subprocess.run(argv, capture_output=True, text=True, cwd="/tmp", env=dict(os.environ))
             if p.returncode != 0:

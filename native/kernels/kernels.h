@@ -67,8 +67,8 @@ struct Kernels {
   // out[r][t * out_stride] = w[r] . a_t, a_t = a + t * a_stride blocks. The matmul's one entry: each weight block
   // is decoded once for all T rows, and every (r, t) result is the same bits whatever R, T and the other rows
   // are; dot_q and dot_q_batch are its R = 1 case.
-  void (*dot_q_rows)(GgmlType type, const void* const* w, int R, const BlockQ8A* a, int64_t a_stride, int T,
-                     int64_t n, float* const* out, int64_t out_stride);
+  void (*dot_q_rows)(GgmlType type, const void* const* w, int R, const BlockQ8A* a, int64_t a_stride, int T, int64_t n,
+                     float* const* out, int64_t out_stride);
 };
 
 // x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).

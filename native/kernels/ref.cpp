@@ -485,8 +485,8 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 }
 
 const Kernels& kernels_ref() {
-  static const Kernels k{"ref", dot_f32,     axpy_f32,    dequant_row, kv_load_row, quantize_act,
-                         dot_q, dot_q_batch, attn_scores, attn_accum,  exp_sum,     silu_mul, dot_q_rows};
+  static const Kernels k{"ref",       dot_f32,     axpy_f32,   dequant_row, kv_load_row, quantize_act, dot_q,
+                         dot_q_batch, attn_scores, attn_accum, exp_sum,     silu_mul,    dot_q_rows};
   return k;
 }
 

@@ -1124,8 +1124,8 @@ class VulkanBackend : public Backend {
 
   std::shared_ptr<Context> ctx_;
   VulkanDeviceInfo info_;
-  bool use_subgroup_ = false;  // matmul_sg_<type> where embedded
-  bool use_intdot_ = false;    // the integer-dot path: matmul_dot_<type>, attnrows_i_<k>_<v>
+  bool use_subgroup_ = false;       // matmul_sg_<type> where embedded
+  bool use_intdot_ = false;         // the integer-dot path: matmul_dot_<type>, attnrows_i_<k>_<v>
   std::unique_ptr<Buffer> act_q8_;  // (T, cols / 32) BlockQ8A: the last integer-dot matmul's activations
   uint32_t queue_family_ = 0;
   VkQueue queue_ = VK_NULL_HANDLE;
