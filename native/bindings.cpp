@@ -100,6 +100,25 @@ py::array_t<float> download_floats(Backend& be, const Buffer& buf, std::vector<p
   return out;
 }
 
+// The attention op hooks' AttentionShape: q (T, n_head, head_dim), checked 3-d by the caller, over a pool of
+// block_bytes blocks with K at k_offset and V at v_offset. The caller sets what only it has (n_past, window).
+AttentionShape attention_shape(const FloatArray& q, int n_head_kv, int block_tokens, float scale, size_t block_bytes,
+                               size_t k_offset, size_t v_offset, const std::string& kv_k, const std::string& kv_v) {
+  AttentionShape s;
+  s.T = static_cast<int>(q.shape(0));
+  s.n_head = static_cast<int>(q.shape(1));
+  s.head_dim = static_cast<int>(q.shape(2));
+  s.n_head_kv = n_head_kv;
+  s.block_tokens = block_tokens;
+  s.scale = scale;
+  s.block_bytes = block_bytes;
+  s.k_offset = k_offset;
+  s.v_offset = v_offset;
+  s.k_format = kv_format_from_string(kv_k);
+  s.v_format = kv_format_from_string(kv_v);
+  return s;
+}
+
 py::dict device_dict(const VulkanDeviceInfo& i) {
   py::dict d;
   d["index"] = i.index;
@@ -326,19 +345,9 @@ void bind_backend(py::module_& m) {
          py::array_t<int32_t, py::array::c_style> blocks, int n_head_kv, int block_tokens, int n_past, float scale,
          size_t block_bytes, size_t k_offset, size_t v_offset, const std::string& kv_k, const std::string& kv_v) {
         if (q.ndim() != 3) throw std::invalid_argument("_backend_attention: q must be (T, n_head, head_dim)");
-        AttentionShape s;
-        s.T = static_cast<int>(q.shape(0));
-        s.n_head = static_cast<int>(q.shape(1));
-        s.head_dim = static_cast<int>(q.shape(2));
-        s.n_head_kv = n_head_kv;
-        s.block_tokens = block_tokens;
+        AttentionShape s =
+            attention_shape(q, n_head_kv, block_tokens, scale, block_bytes, k_offset, v_offset, kv_k, kv_v);
         s.n_past = n_past;
-        s.scale = scale;
-        s.block_bytes = block_bytes;
-        s.k_offset = k_offset;
-        s.v_offset = v_offset;
-        s.k_format = kv_format_from_string(kv_k);
-        s.v_format = kv_format_from_string(kv_v);
         const std::string raw = pool;
         Backend& be = cached_backend(backend, device);
         auto qb = upload_bytes(be, q.data(), sizeof(float) * q.size());
@@ -366,18 +375,8 @@ void bind_backend(py::module_& m) {
         if (q.ndim() != 3 || rows.ndim() != 2 || rows.shape(0) != q.shape(0) || rows.shape(1) != 2) {
           throw std::invalid_argument("_backend_attention_rows: q (T, n_head, head_dim) and rows (T, 2) expected");
         }
-        AttentionShape s;
-        s.T = static_cast<int>(q.shape(0));
-        s.n_head = static_cast<int>(q.shape(1));
-        s.head_dim = static_cast<int>(q.shape(2));
-        s.n_head_kv = n_head_kv;
-        s.block_tokens = block_tokens;
-        s.scale = scale;
-        s.block_bytes = block_bytes;
-        s.k_offset = k_offset;
-        s.v_offset = v_offset;
-        s.k_format = kv_format_from_string(kv_k);
-        s.v_format = kv_format_from_string(kv_v);
+        AttentionShape s =
+            attention_shape(q, n_head_kv, block_tokens, scale, block_bytes, k_offset, v_offset, kv_k, kv_v);
         s.window = window;
         const std::string raw = pool;
         Backend& be = cached_backend(backend, device, integer_dot);

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from test_kquants import elements_per_block, random_blocks
 from vulkan_device import vulkan_device  # tests/
+from vulkan_helpers import run_pytest
 
 from swarm.cli import main as swarm_main
 from worker import _native
@@ -185,12 +186,7 @@ def test_matmul_plain_variant(device: int) -> None:
     if not _native.vulkan_devices()[device]["subgroup_arithmetic"]:
         pytest.skip("this device runs the plain variant in test_matmul already")
     env = dict(os.environ, KVSWARM_VULKAN_SUBGROUP="0", KVSWARM_VULKAN_DEVICE=str(device))
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_matmul"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert f"{2 * len(VULKAN_WEIGHT_TYPES)} passed" in r.stdout
+    run_pytest([f"{__file__}::test_matmul"], env, passed=2 * len(VULKAN_WEIGHT_TYPES))
 
 
 @pytest.mark.parametrize("T", [1, 5])

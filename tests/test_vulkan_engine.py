@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pytest
+import vulkan_helpers  # tests/
 from tinymodels import default_model_file, tiny_model
 from vulkan_device import vulkan_device  # tests/
+from vulkan_helpers import assert_batch_invariant, device_of, greedy_run, rel_err
 
 from worker.engine import Engine, KvBudgetError, Sampling
 
@@ -58,35 +60,10 @@ def device() -> int:
     return vulkan_device()
 
 
-def device_of(backend: str, device: int) -> int:
-    return device if backend == "vulkan" else 0
-
-
-def make_engine(path: Path, backend: str, device: int, **kw: Any) -> Engine:
-    opts: dict[str, Any] = {"block_tokens": BLOCK_TOKENS, "max_batch_tokens": CHUNK, "float_activations": True}
-    opts.update(kw)
-    return Engine(path, backend=backend, device=device_of(backend, device), **opts)
-
-
-def tail_logits(eng: Engine, prompt: list[int], scored: int = SCORED) -> np.ndarray:
-    """Logits (scored, vocab) after each of the prompt's last `scored` tokens; the rest is prefilled by step."""
-    sid = eng.add_sequence(prompt[:-scored], generate=False)
-    while eng.busy():
-        eng.step()
-    return eng.score(sid, prompt[-scored:])
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def clear_argmax_agrees(got: np.ndarray, ref: np.ndarray) -> None:
-    """Rows where ref's best logit leads clearly pick the same token in got."""
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > GREEDY_CLEAR_MARGIN * np.abs(ref).max()
-    assert clear.any()
-    assert (got.argmax(1) == ref.argmax(1))[clear].all()
+# This file's engines (float activations unless asked), scored positions and greedy margin.
+make_engine = partial(vulkan_helpers.make_engine, block_tokens=BLOCK_TOKENS, max_batch_tokens=CHUNK)
+tail_logits = partial(vulkan_helpers.tail_logits, scored=SCORED)
+clear_argmax_agrees = partial(vulkan_helpers.clear_argmax_agrees, margin=GREEDY_CLEAR_MARGIN)
 
 
 # ---------------------------------------------------------------------------
@@ -181,13 +158,7 @@ def default_model_run(device: int) -> Callable[..., GreedyRun]:
         if key not in runs:
             eng = Engine(default_model_file(), kv_k=kv_k, kv_v=kv_v, float_activations=True, backend=backend,
                          device=device_of(backend, device))  # fmt: skip
-            sid = eng.add_sequence(eng.encode_prompt(DEFAULT_PROMPT), Sampling(max_new_tokens=n_new))
-            ids, rows = [], []
-            while eng.busy():
-                out = eng.step()
-                if sid in out:
-                    ids.append(out[sid])
-                    rows.append(eng.last_logits()[0].copy())
+            ids, rows = greedy_run(eng, eng.encode_prompt(DEFAULT_PROMPT), n_new)
             runs[key] = GreedyRun(ids, np.stack(rows))
         return runs[key]
 
@@ -237,26 +208,7 @@ def test_batch_invariance(device: int) -> None:
     eng = make_engine(tiny_model("llama", "Q8_0"), "vulkan", device, max_batch_tokens=6)
     n_vocab = eng.config["n_vocab"]
     prompts = [[(31 * i + 7 * s) % n_vocab for i in range(n)] for s, n in ((1, 5), (2, 13), (3, 1), (4, 9))]
-    n_new = 4
-
-    def run(group: list[list[int]]) -> list[list[np.ndarray]]:
-        ids = [eng.add_sequence(p, Sampling(max_new_tokens=n_new)) for p in group]
-        rows: dict[int, list[np.ndarray]] = {i: [] for i in ids}
-        while eng.busy():
-            out = eng.step()
-            logits = eng.last_logits()
-            for r, sid in enumerate(out):  # rows follow the returned pairs' order
-                rows[sid].append(logits[r].copy())
-        for i in ids:
-            eng.free(i)
-        return [rows[i] for i in ids]
-
-    alone = [run([p])[0] for p in prompts]
-    together = run(prompts)
-    for a, t in zip(alone, together, strict=True):
-        assert len(a) == len(t) == n_new
-        for x, y in zip(a, t, strict=True):
-            assert np.array_equal(x, y)
+    assert_batch_invariant(eng, prompts, n_new=4)
 
 
 def test_kv_budget_refuses_one_block_too_many(device: int) -> None:

@@ -20,21 +20,22 @@ integer-dot cases skip on a device without shaderIntegerDotProduct. KVSWARM_VULK
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import vulkan_helpers  # tests/
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from test_kquants import NEW_TYPES, elements_per_block, random_blocks
 from tinymodels import default_model_file, tiny_model
 from vulkan_device import vulkan_device  # tests/
+from vulkan_helpers import assert_batch_invariant, rel_err, run_pytest
 
 from worker import _native
-from worker.engine import Engine, Sampling
+from worker.engine import Engine
 
 QK = 32  # elements per block of every integer-dot format and of the 8-bit activations
 U = 2.0**-24  # float32 unit roundoff
@@ -222,13 +223,9 @@ def test_matmul_integer_dot_plain_variant(device: int) -> None:
     env = dict(os.environ, KVSWARM_VULKAN_SUBGROUP="0", KVSWARM_VULKAN_DEVICE=str(device))
     env.pop("KVSWARM_VULKAN_INTDOT", None)
     names = ("test_matmul_integer_dot", "test_matmul_integer_dot_new_formats")
-    tests = [f"{__file__}::{t}" for t in names]
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert f"{len(INTDOT_WEIGHT_TYPES) * 4 + len(INTDOT_NEW_TYPES) * 2} passed" in r.stdout
+    run_pytest(
+        [f"{__file__}::{t}" for t in names], env, passed=len(INTDOT_WEIGHT_TYPES) * 4 + len(INTDOT_NEW_TYPES) * 2
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -307,25 +304,9 @@ def test_attention_rows_integer_dot(device: int, kv_k: str, kv_v: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def tail_logits(eng: Engine, prompt: list[int], scored: int = SCORED) -> np.ndarray:
-    """Logits (scored, vocab) after each of the prompt's last `scored` tokens; the rest is prefilled by step."""
-    sid = eng.add_sequence(prompt[:-scored], generate=False)
-    while eng.busy():
-        eng.step()
-    return eng.score(sid, prompt[-scored:])
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def clear_argmax_agrees(got: np.ndarray, ref: np.ndarray) -> None:
-    """Rows where ref's best logit leads clearly pick the same token in got."""
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > GREEDY_CLEAR_MARGIN * np.abs(ref).max()
-    assert clear.any()
-    assert (got.argmax(1) == ref.argmax(1))[clear].all()
+# This file's scored positions and greedy margin.
+tail_logits = partial(vulkan_helpers.tail_logits, scored=SCORED)
+clear_argmax_agrees = partial(vulkan_helpers.clear_argmax_agrees, margin=GREEDY_CLEAR_MARGIN)
 
 
 def cpu_reference(vk: Engine, path: Path, isa: str, **kw: Any) -> tuple[Engine, float]:
@@ -380,26 +361,7 @@ def test_batch_invariance(device: int) -> None:
     )  # fmt: skip
     n_vocab = eng.config["n_vocab"]
     prompts = [[(31 * i + 7 * s) % n_vocab for i in range(n)] for s, n in ((1, 5), (2, 13), (3, 1), (4, 9))]
-    n_new = 3
-
-    def run(group: list[list[int]]) -> list[list[np.ndarray]]:
-        ids = [eng.add_sequence(p, Sampling(max_new_tokens=n_new)) for p in group]
-        rows: dict[int, list[np.ndarray]] = {i: [] for i in ids}
-        while eng.busy():
-            out = eng.step()
-            logits = eng.last_logits()
-            for r, sid in enumerate(out):  # rows follow the returned pairs' order
-                rows[sid].append(logits[r].copy())
-        for i in ids:
-            eng.free(i)
-        return [rows[i] for i in ids]
-
-    alone = [run([p])[0] for p in prompts]
-    together = run(prompts)
-    for a, t in zip(alone, together, strict=True):
-        assert len(a) == len(t) == n_new
-        for x, y in zip(a, t, strict=True):
-            assert np.array_equal(x, y)
+    assert_batch_invariant(eng, prompts, n_new=3)
 
 
 def test_float_path_when_asked(device: int) -> None:
@@ -408,12 +370,7 @@ def test_float_path_when_asked(device: int) -> None:
     need_intdot(device)
     env = dict(os.environ, KVSWARM_VULKAN_INTDOT="0", KVSWARM_VULKAN_DEVICE=str(device))
     tests = [f"{__file__}::{t}" for t in ("test_path_follows_the_device", "test_logits_match_cpu_engine")]
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert f"{1 + len(CELLS)} passed" in r.stdout
+    run_pytest(tests, env, passed=1 + len(CELLS))
 
 
 # ---------------------------------------------------------------------------
@@ -468,7 +425,7 @@ def test_default_model_quantized_keys(device: int) -> None:
         runs[name] = (logits, eng.export_kv(sid))
         cfg = eng.config
     float_eng = Engine(path, isa="ref", float_activations=True, kv_k="f32", kv_v="f32")
-    rounding = rel_err(runs["cpu"][0], tail_logits(float_eng, prompt, 2))
+    rounding = rel_err(runs["cpu"][0], tail_logits(float_eng, prompt, scored=2))
 
     (ds_cpu, q_cpu), (ds_vk, q_vk) = (layer0_q8_0_rows(runs[n][1], cfg, len(prompt)) for n in ("cpu", "vulkan"))
     steps = np.abs(q_vk - q_cpu)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import tinymodels
+import vulkan_helpers  # tests/
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from test_architectures import CHUNK as REF_CHUNK
@@ -30,9 +31,10 @@ from test_architectures import REF_LOGIT_TOL, qwen3moe_reference
 from test_architectures import prompt as ref_prompt
 from tinymodels import TINY_SPECS, tiny_model
 from vulkan_device import vulkan_device  # tests/
+from vulkan_helpers import assert_batch_invariant, device_of, greedy_run, rel_err
 
 from worker import _native
-from worker.engine import Engine, Sampling
+from worker.engine import Engine
 
 # Named limits.
 # Logits, as a share of the largest |logit| of the CPU engine's rows. Every engine here computes in float32
@@ -79,35 +81,10 @@ def device() -> int:
     return vulkan_device()
 
 
-def device_of(backend: str, device: int) -> int:
-    return device if backend == "vulkan" else 0
-
-
-def make_engine(path: Path, backend: str, device: int, **kw: Any) -> Engine:
-    opts: dict[str, Any] = {"block_tokens": BLOCK_TOKENS, "max_batch_tokens": CHUNK, "float_activations": True}
-    opts.update(kw)
-    return Engine(path, backend=backend, device=device_of(backend, device), **opts)
-
-
-def tail_logits(eng: Engine, prompt: list[int], scored: int = SCORED) -> np.ndarray:
-    """Logits (scored, vocab) after each of the prompt's last `scored` tokens; the rest is prefilled by step."""
-    sid = eng.add_sequence(prompt[:-scored], generate=False)
-    while eng.busy():
-        eng.step()
-    return eng.score(sid, prompt[-scored:])
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def clear_argmax_agrees(got: np.ndarray, ref: np.ndarray) -> None:
-    """Rows where ref's best logit leads clearly pick the same token in got."""
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > GREEDY_CLEAR_MARGIN * np.abs(ref).max()
-    assert clear.any()
-    assert (got.argmax(1) == ref.argmax(1))[clear].all()
+# This file's engines (float activations unless asked), scored positions and greedy margin.
+make_engine = partial(vulkan_helpers.make_engine, block_tokens=BLOCK_TOKENS, max_batch_tokens=CHUNK)
+tail_logits = partial(vulkan_helpers.tail_logits, scored=SCORED)
+clear_argmax_agrees = partial(vulkan_helpers.clear_argmax_agrees, margin=GREEDY_CLEAR_MARGIN)
 
 
 # ---------------------------------------------------------------------------
@@ -299,18 +276,6 @@ def test_integer_dot_path(device: int, weight_type: str) -> None:
         clear_argmax_agrees(got, ref)
 
 
-def greedy_run(eng: Engine, prompt: list[int], n_new: int) -> tuple[list[int], list[np.ndarray]]:
-    """Prefill (in chunks) then n_new greedy decode steps: the ids and each step's logits row."""
-    sid = eng.add_sequence(prompt, Sampling(max_new_tokens=n_new))
-    ids, rows = [], []
-    while eng.busy():
-        out = eng.step()
-        if sid in out:
-            ids.append(out[sid])
-            rows.append(eng.last_logits()[0].copy())
-    return ids, rows
-
-
 def test_greedy_decode_matches_cpu_engine(device: int) -> None:
     """Prefill and five decode steps: every step's logits within MOE_REL_LIMIT of the CPU engine's and of
     cpu-ops', and the greedy ids equal up to the CPU engine's first unclear step."""
@@ -340,26 +305,7 @@ def test_batch_invariance(device: int, backend: str, float_activations: bool) ->
     )
     n_vocab = eng.config["n_vocab"]
     prompts = [[(31 * i + 7 * s) % n_vocab for i in range(n)] for s, n in ((1, 5), (2, 11), (3, 1))]
-    n_new = 3
-
-    def run(group: list[list[int]]) -> list[list[np.ndarray]]:
-        ids = [eng.add_sequence(p, Sampling(max_new_tokens=n_new)) for p in group]
-        rows: dict[int, list[np.ndarray]] = {i: [] for i in ids}
-        while eng.busy():
-            out = eng.step()
-            logits = eng.last_logits()
-            for r, sid in enumerate(out):  # rows follow the returned pairs' order
-                rows[sid].append(logits[r].copy())
-        for i in ids:
-            eng.free(i)
-        return [rows[i] for i in ids]
-
-    alone = [run([p])[0] for p in prompts]
-    together = run(prompts)
-    for a, t in zip(alone, together, strict=True):
-        assert len(a) == len(t) == n_new
-        for x, y in zip(a, t, strict=True):
-            assert np.array_equal(x, y)
+    assert_batch_invariant(eng, prompts, n_new=3)
 
 
 # A qwen3moe whose shapes need padding: n_embd 96 (384-byte rows: expert groups of rows start at even rows),

@@ -63,18 +63,7 @@ class CpuBackend : public Backend {
     const uint8_t* W = host(w).data();
     const auto* X = reinterpret_cast<const float*>(host(x).data());
     auto* Y = reinterpret_cast<float*>(host(y).data());
-    if (type_is_quantized(type) && !float_activations_) {
-      const int64_t nb = cols / kQK;
-      std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
-      for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
-      for (int64_t r = 0; r < rows; ++r) k_.dot_q_batch(type, W + r * rb, q.data(), nb, T, cols, Y + r, rows);
-      return;
-    }
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      k_.dequant_row(type, W + r * rb, row.data(), cols);
-      for (int t = 0; t < T; ++t) Y[t * rows + r] = k_.dot_f32(row.data(), X + t * cols, static_cast<int>(cols));
-    }
+    matmul_rows(type, W, rb, rows, cols, X, T, Y);
   }
 
   void rms_norm(const Buffer& x, const Buffer& w, int T, int n, float eps, Buffer& y) override {
@@ -305,19 +294,7 @@ class CpuBackend : public Backend {
     const uint8_t* W = host(w).data() + w_offset;
     const auto* X = reinterpret_cast<const float*>(host(x).data() + x_offset);
     auto* Y = reinterpret_cast<float*>(host(y).data() + y_offset);
-    // The body of matmul() over the views: each output row is computed alone (batch invariant).
-    if (type_is_quantized(type) && !float_activations_) {
-      const int64_t nb = cols / kQK;
-      std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
-      for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
-      for (int64_t r = 0; r < rows; ++r) k_.dot_q_batch(type, W + r * rb, q.data(), nb, T, cols, Y + r, rows);
-      return;
-    }
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      k_.dequant_row(type, W + r * rb, row.data(), cols);
-      for (int t = 0; t < T; ++t) Y[t * rows + r] = k_.dot_f32(row.data(), X + t * cols, static_cast<int>(cols));
-    }
+    matmul_rows(type, W, rb, rows, cols, X, T, Y);  // matmul()'s body over the views
   }
 
   void gather_rows(const Buffer& src, int T, int n, const Buffer& idx, int R, Buffer& dst) override {
@@ -363,6 +340,24 @@ class CpuBackend : public Backend {
   }
 
  private:
+  // matmul()'s and matmul_view()'s body: W (rows, cols), rb bytes a row @ X (T, cols) -> Y (T, rows), each
+  // output row computed alone (batch invariant). Shapes are checked by the caller.
+  void matmul_rows(GgmlType type, const uint8_t* W, size_t rb, int64_t rows, int64_t cols, const float* X, int T,
+                   float* Y) const {
+    if (type_is_quantized(type) && !float_activations_) {
+      const int64_t nb = cols / kQK;
+      std::vector<BlockQ8A> q(static_cast<size_t>(T) * nb);
+      for (int t = 0; t < T; ++t) k_.quantize_act(X + t * cols, q.data() + t * nb, cols);
+      for (int64_t r = 0; r < rows; ++r) k_.dot_q_batch(type, W + r * rb, q.data(), nb, T, cols, Y + r, rows);
+      return;
+    }
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      k_.dequant_row(type, W + r * rb, row.data(), cols);
+      for (int t = 0; t < T; ++t) Y[t * rows + r] = k_.dot_f32(row.data(), X + t * cols, static_cast<int>(cols));
+    }
+  }
+
   const Kernels& k_;
   bool float_activations_;
 };

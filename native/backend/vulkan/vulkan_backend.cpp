@@ -601,18 +601,7 @@ class VulkanBackend : public Backend {
       matmul_dot(type, w, rows, cols, x, T, y);
       return;
     }
-    // The subgroup variant (matmul_sg_<type>, where built and the device runs subgroupAdd) reduces a row
-    // per subgroup, THREADS / subgroup_size rows per workgroup; the plain one a row per workgroup.
-    const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
-    const bool use_sg = use_subgroup_ && embedded(sg);
-    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
-    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
-    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
-    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
-    const uint32_t gz = (groups + gx - 1) / gx;
-    const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
-    if (gy > kMaxGroups) throw std::invalid_argument("vulkan matmul: T too large for one dispatch");
-    dispatch(use_sg ? sg : std::string(shader), {&w, &x, &y}, pc, sizeof pc, gx, gy, gz);
+    matmul_float(shader, w, rows, cols, rb, x, T, y, "vulkan matmul", {});
   }
 
   void rms_norm(const Buffer& x, const Buffer& w, int T, int n, float eps, Buffer& y) override {
@@ -855,17 +844,7 @@ class VulkanBackend : public Backend {
       matmul_dot(type, w, rows, cols, x, T, y, w_offset, x_offset, y_offset);
       return;
     }
-    const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
-    const bool use_sg = use_subgroup_ && embedded(sg);
-    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
-    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
-    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
-    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
-    const uint32_t gz = (groups + gx - 1) / gx;
-    const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
-    if (gy > kMaxGroups) throw std::invalid_argument("vulkan matmul_view: T too large for one dispatch");
-    dispatch(use_sg ? sg : std::string(shader), {&w, &x, &y}, pc, sizeof pc, gx, gy, gz,
-             {w_offset, x_offset, y_offset});
+    matmul_float(shader, w, rows, cols, rb, x, T, y, "vulkan matmul_view", {w_offset, x_offset, y_offset});
   }
 
   void gather_rows(const Buffer& src, int T, int n, const Buffer& idx, int R, Buffer& dst) override {
@@ -901,6 +880,24 @@ class VulkanBackend : public Backend {
 
  private:
   static constexpr uint32_t kMaxBindings = 5;
+
+  // matmul()'s and matmul_view()'s float path: W (rows, cols) of `shader`'s type, rb bytes a row @ X (T, cols)
+  // -> Y (T, rows). The subgroup variant (matmul_sg_<type>, where built and the device runs subgroupAdd)
+  // reduces a row per subgroup, THREADS / subgroup_size rows per workgroup; the plain one a row per workgroup.
+  // Shapes are checked by the caller; `what` names it in errors; offsets: as dispatch()'s.
+  void matmul_float(const char* shader, const Buffer& w, int64_t rows, int64_t cols, size_t rb, const Buffer& x, int T,
+                    Buffer& y, const char* what, std::initializer_list<size_t> offsets) {
+    const std::string sg = std::string("matmul_sg_") + (shader + std::strlen("matmul_"));
+    const bool use_sg = use_subgroup_ && embedded(sg);
+    const uint32_t per_group = use_sg ? std::max<uint32_t>(1, kMatmulSgThreads / info_.subgroup_size) : 1;
+    const uint32_t pc[5] = {uint32_t(rows), uint32_t(cols), uint32_t(T), uint32_t(rb), per_group};
+    const uint32_t groups = uint32_t((rows + per_group - 1) / per_group);
+    const uint32_t gx = std::min<uint32_t>(groups, kMaxGroups);
+    const uint32_t gz = (groups + gx - 1) / gx;
+    const uint32_t gy = (uint32_t(T) + kMatmulRowsPerPass - 1) / kMatmulRowsPerPass;
+    if (gy > kMaxGroups) throw std::invalid_argument(std::string(what) + ": T too large for one dispatch");
+    dispatch(use_sg ? sg : std::string(shader), {&w, &x, &y}, pc, sizeof pc, gx, gy, gz, offsets);
+  }
 
   // matmul() on the integer-dot path: X (T, cols) quantized to BlockQ8A blocks in act_q8_ (quantize_q8.comp,
   // quantize_act's encoding), then matmul_dot_<type> (or its subgroup variant) over them. Shapes are checked.
