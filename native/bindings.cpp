@@ -197,7 +197,7 @@ void bind_backend(py::module_& m) {
         return std::string(cached_backend(backend, device, integer_dot).dot_path());
       },
       py::arg("backend"), py::arg("device") = 0, py::arg("integer_dot") = false);
-  // Copy bandwidth of one backend's memory (h5: bench/gpu.py, a GPU calibration's read_bytes_per_s): bytes read
+  // Copy bandwidth of one backend's memory (bench/gpu.py, a GPU calibration's read_bytes_per_s): bytes read
   // plus bytes written per second by the fastest of `repeats` copies of `bytes` between two of its buffers,
   // after one untimed copy (first touch).
   m.def(
@@ -273,7 +273,7 @@ void bind_backend(py::module_& m) {
         return download_floats(be, *ob, {static_cast<py::ssize_t>(g.size())});
       },
       py::arg("backend"), py::arg("device"), py::arg("act"), py::arg("g"), py::arg("u"));
-  // The routed experts' ops (h1, qwen3moe on the device). src (T, n), idx (R,) int32 -> (R, n).
+  // The routed experts' ops (qwen3moe on the device). src (T, n), idx (R,) int32 -> (R, n).
   m.def(
       "_backend_gather_rows",
       [](const std::string& backend, int device, FloatArray src, py::array_t<int32_t, py::array::c_style> idx) {

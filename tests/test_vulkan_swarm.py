@@ -55,7 +55,7 @@ def _devices() -> tuple[list[dict[str, Any]], str]:
 
 
 DEVICES, NO_DEVICE_REASON = _devices()
-# The engine runs its forward on Vulkan once Engine takes backend= (h4's worker/engine.py).
+# The engine runs its forward on Vulkan once Engine takes backend= (worker/engine.py).
 ENGINE_HAS_BACKEND = "backend" in inspect.signature(Engine.__init__).parameters
 
 

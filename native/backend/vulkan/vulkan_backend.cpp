@@ -341,7 +341,7 @@ uint32_t shader_bindings(const std::string& name) {
   if (name == "rope" || name == "rope_table" || name == "add") return 2;
   if (name == "kv_store") return 4;
   if (name == "quantize_q8") return 2;
-  if (name == "combine_rows") return 4;  // the routed experts' ops (h1); gather_rows binds 3
+  if (name == "combine_rows") return 4;  // the routed experts' ops; gather_rows binds 3
   if (name.rfind("attnrows_", 0) == 0) return 5;
   if (name.rfind("attention_", 0) == 0) return 4;
   return 3;  // matmul_*, rms_norm, gated
@@ -359,7 +359,7 @@ const char* matmul_shader(GgmlType type) {
       return "matmul_q4_1";
     case GgmlType::Q8_0:
       return "matmul_q8_0";
-    // matmul_kquant.comp (h5): the newer formats.
+    // matmul_kquant.comp: the newer formats.
     case GgmlType::Q5_0:
       return "matmul_q5_0";
     case GgmlType::Q5_1:
@@ -804,7 +804,7 @@ class VulkanBackend : public Backend {
     dispatch(shader, {&q, &pool, &tables, &rows, &out}, &pc, sizeof pc, uint32_t(s.n_head), uint32_t(s.T), 1);
   }
 
-  // --- the routed experts' ops (h1: qwen3moe on the device) ---
+  // --- the routed experts' ops (qwen3moe on the device) ---
 
   void matmul_view(GgmlType type, const Buffer& w, size_t w_offset, int64_t rows, int64_t cols, const Buffer& x,
                    size_t x_offset, int T, Buffer& y, size_t y_offset) override {
