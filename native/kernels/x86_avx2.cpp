@@ -4,4 +4,5 @@
 #define KVS_KERNELS_FN kernels_avx2
 #define KVS_LEVEL_NAME "avx2"
 #define KVS_WIDE_FLOAT 0
+#define KVS_VNNI 0
 #include "x86_simd.inc"

@@ -5,4 +5,5 @@
 #define KVS_KERNELS_FN kernels_avx512
 #define KVS_LEVEL_NAME "avx512"
 #define KVS_WIDE_FLOAT 1
+#define KVS_VNNI 1
 #include "x86_simd.inc"
