@@ -1,11 +1,37 @@
 #include "kv_cache.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <utility>
 
 namespace kvs {
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kSlabTarget = size_t{8} << 20;  // blocks per slab: as many as fit in ~8 MiB, at least one
+
+// size bytes of zeroed memory at a kHugePage boundary, advised for transparent huge pages (where the
+// kernel has them; elsewhere plain pages). Pages are touched lazily, so a slab's unused blocks cost no RAM.
+std::shared_ptr<uint8_t> map_slab(size_t size) {
+  const size_t span = size + kHugePage;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  auto* base = static_cast<uint8_t*>(raw);
+  auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1));
+  if (p > base) munmap(base, static_cast<size_t>(p - base));
+  if (p + size < base + span) munmap(p + size, static_cast<size_t>(base + span - (p + size)));
+#ifdef MADV_HUGEPAGE
+  madvise(p, size, MADV_HUGEPAGE);  // advice only: without it the slab still works
+#endif
+  return std::shared_ptr<uint8_t>(p, [size](uint8_t* q) { munmap(q, size); });
+}
+
+}  // namespace
 
 KvPool::KvPool(const KvGeometry& g, size_t budget_bytes, bool host_storage)
     : g_(g), budget_(std::make_shared<KvBudget>()), host_storage_(host_storage) {
@@ -73,7 +99,21 @@ int KvPool::acquire() {
     id = free_.back();
     free_.pop_back();
   } else {
-    blocks_.emplace_back(host_storage_ ? new uint8_t[block_bytes_]() : nullptr);
+    uint8_t* block = nullptr;
+    if (host_storage_) {
+      const size_t stride = (block_bytes_ + 63) / 64 * 64;  // every block starts on a cache line
+      if (slab_left_ == 0) {
+        const size_t n = std::max<size_t>(1, kSlabTarget / stride);
+        const size_t bytes = (n * stride + kHugePage - 1) / kHugePage * kHugePage;
+        slabs_.push_back(map_slab(bytes));
+        slab_next_ = slabs_.back().get();
+        slab_left_ = bytes / stride;
+      }
+      block = slab_next_;
+      slab_next_ += stride;
+      --slab_left_;
+    }
+    blocks_.push_back(block);
     refs_.push_back(0);
     id = static_cast<int>(blocks_.size() - 1);
   }

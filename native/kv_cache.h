@@ -97,10 +97,10 @@ class KvPool {
   }
 
   uint8_t* k_row(int block, int layer, int slot, int head) const {
-    return blocks_[block].get() + layer * layer_bytes_ + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
+    return blocks_[block] + layer * layer_bytes_ + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
   }
   uint8_t* v_row(int block, int layer, int slot, int head) const {
-    return blocks_[block].get() + layer * layer_bytes_ + k_part_ +
+    return blocks_[block] + layer * layer_bytes_ + k_part_ +
            (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
   }
 
@@ -115,9 +115,15 @@ class KvPool {
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block
   size_t bytes_per_token_;
   size_t block_bytes_;
-  std::vector<std::unique_ptr<uint8_t[]>> blocks_;  // every block ever allocated
-  std::vector<int> free_;                           // ids of blocks not held by a sequence
-  std::vector<int> refs_;                           // {block: sequences holding it}
+  // Host blocks live in slabs of several whole blocks, 2 MiB-aligned and advised for transparent
+  // huge pages: a decode step reads one ~1 KB run per (block, layer, kv head), so with 4 KiB pages
+  // every run of a long context was a TLB miss (kv_cache.cpp, acquire).
+  std::vector<std::shared_ptr<uint8_t>> slabs_;
+  uint8_t* slab_next_ = nullptr;  // the current slab's next free block
+  size_t slab_left_ = 0;          // blocks left in it
+  std::vector<uint8_t*> blocks_;  // every block ever allocated (nullptr: device storage)
+  std::vector<int> free_;         // ids of blocks not held by a sequence
+  std::vector<int> refs_;         // {block: sequences holding it}
   size_t in_use_ = 0;
 };
 

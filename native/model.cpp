@@ -409,6 +409,19 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
   });
 }
 
+// max of x[0..n): eight independent lanes, which the compiler turns into vector max instructions
+// (std::max_element's one compare-and-branch per element was a visible share of long-context decode).
+float row_max(const float* x, int n) {
+  float m[8];
+  std::fill(m, m + 8, -std::numeric_limits<float>::infinity());
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) m[k] = std::max(m[k], x[i + k]);
+  }
+  for (; i < n; ++i) m[0] = std::max(m[0], x[i]);
+  return *std::max_element(m, m + 8);
+}
+
 // Split-context flash decoding: the positions one (token, kv head) attends to
 // are cut into chunks of at most kChunkPositions; each chunk is one task that
 // leaves a partial softmax (running max m, denominator l, unnormalised acc) and
@@ -449,10 +462,17 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   if (ws.timers.on) {
     for (const AttnTask& tk : ws.attn_tasks) ws.timers.kv_bytes += (tk.end - tk.begin) * (k_stride + v_stride);
   }
-  // Blocks are separate allocations, so the hardware prefetcher stops at each
-  // block's end: fetch the next block's rows while scoring the current one.
-  auto prefetch = [](const uint8_t* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+  // Blocks are separate allocations (one (layer, kv head) run of a block is 16 rows, ~1 KB), so the
+  // hardware prefetcher stops at each block's end, and one block of look-ahead left the 8k decode
+  // waiting on DRAM (the profile's hottest lines were the prefetches themselves, stalled on full miss
+  // buffers). Pass 1 asks for the K rows kAheadBlocks blocks on, and for the V rows of the block it
+  // scores into L2, so pass 2 finds them there.
+  constexpr int kAheadBlocks = 4;
+  auto prefetch_l1 = [](const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+  };
+  auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
   };
   pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int thread, int64_t b, int64_t e) {
     float* s = ws.thread_scratch[thread].data();     // (G, chunk) scores, then weights
@@ -474,13 +494,18 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         prepared_for = pair;
       }
       const int n = tk.end - tk.begin;
+      const int last_block = (tk.end - 1) / bt;
+      for (int bi = tk.begin / bt; bi <= std::min(last_block, tk.begin / bt + kAheadBlocks - 1); ++bi) {
+        prefetch_l1(kv.k_row(blocks[bi], layer, 0, tk.kh), bt * k_stride);
+      }
       // Pass 1: every score of the chunk, one KV block at a time (a sliding window's
       // chunk may start inside a block: its first run is shorter).
       for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
-        const int off = p0 % bt;
+        const int off = p0 % bt, bi = p0 / bt;
         cnt = std::min(bt - off, tk.end - p0);
-        if (p0 + cnt < tk.end) prefetch(kv.k_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * k_stride);
-        kern.attn_scores(g.k_format, kv.k_row(blocks[p0 / bt], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
+        if (bi + kAheadBlocks <= last_block) prefetch_l1(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
+        prefetch_l2(kv.v_row(blocks[bi], layer, 0, tk.kh), bt * v_stride);
+        kern.attn_scores(g.k_format, kv.k_row(blocks[bi], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
                          s + (p0 - tk.begin), chunk);
       }
       // Softmax numerators of the chunk (no rescaling needed inside it).
@@ -489,7 +514,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       float* acc = lsum + G;
       for (int i = 0; i < G; ++i) {
         float* si = s + static_cast<size_t>(i) * chunk;
-        m[i] = *std::max_element(si, si + n);
+        m[i] = row_max(si, n);
         lsum[i] = kern.exp_sum(si, n, m[i]);
       }
       // Pass 2: weighted sum of the V rows.
@@ -497,7 +522,6 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt;
         cnt = std::min(bt - off, tk.end - p0);
-        if (p0 + cnt < tk.end) prefetch(kv.v_row(blocks[p0 / bt + 1], layer, 0, tk.kh), bt * v_stride);
         kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
                         chunk, acc, G, hd);
       }

@@ -168,10 +168,13 @@ def assert_same_up_to_block_order(got: np.ndarray, want: np.ndarray) -> None:
     """Logits of runs whose block_tokens differ. The attention kernels score and accumulate one block's
     run of rows per call, so another block_tokens groups the same float32 additions differently (two
     uninterrupted runs of block_tokens 16 and 5 differ the same way): a few float32 ulps of each sum,
-    grown through the layers. Allowed: 1e-5 relative plus 1e-4 absolute (logits here are |x| < 20,
-    float32 ulp at 16 is 2e-6), far below any difference a wrong row would make (> 1e-2 measured)."""
+    grown through the layers. Allowed: 1e-5 relative plus 3e-4 absolute (logits here are |x| < 20,
+    float32 ulp at 16 is 2e-6), far below any difference a wrong row would make (> 1e-2 measured). The
+    absolute part was 1e-4 until an AVX-512 machine (16-lane float loops) gave 1.2e-4 on gemma3 with
+    block_tokens 7, on the unchanged engine too: gemma3's embedding scale and post-norms grow the
+    reordered sums more than the other families do."""
     assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-4)
 
 
 def two_turns(eng: Engine, n1: int = 6, n2: int = 5) -> tuple[int, list[int], list[int]]:
