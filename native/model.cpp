@@ -10,9 +10,9 @@ namespace kvs {
 
 namespace {
 
-// Weight rows dequantized together so each activation row is reused from L1
-// across several dot products.
-constexpr int kRowTile = 8;
+// Weight rows served by one dot_q_rows call (each weight block decoded once for them and all
+// activation rows), or dequantized together so each activation row is reused from L1.
+constexpr int kRowTile = kMaxRows;
 
 // A (weight, output) pair for one fused matmul over several weights that share
 // an input: out (T, w->rows) = x (T, cols) @ W^T.

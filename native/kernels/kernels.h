@@ -22,8 +22,8 @@ struct BlockQ8A {
 };
 static_assert(sizeof(BlockQ8A) == 40, "BlockQ8A must be 40 bytes");
 
-// Weight rows one dot_q_rows call serves, at most.
-constexpr int kMaxRows = 8;
+// Weight rows one dot_q_rows call serves, at most (the matmul's tile; AVX-512 serves 16 rows per register).
+constexpr int kMaxRows = 16;
 // Query heads of one GQA group served per K/V row read, at most.
 constexpr int kMaxGroup = 16;
 // Head dimension the attention kernels support, at most (stack buffers).

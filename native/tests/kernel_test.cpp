@@ -101,6 +101,7 @@ void test_extremes(const Kernels& k, const Kernels& ref) {
   const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K,
                             GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
   std::mt19937 rng(5);
+  constexpr int kRows = 8;  // one per extreme byte below
   for (GgmlType t : types) {
     const int n = type_traits(static_cast<uint32_t>(t)).block_elems == kQKK ? kQKK * 2 : 32 * 8;
     std::vector<std::vector<uint8_t>> rows;
@@ -118,22 +119,22 @@ void test_extremes(const Kernels& k, const Kernels& ref) {
     }
     bool ok = true;
     for (const int TT : {1, 2, T}) {
-      const void* wp[kMaxRows];
-      float* op[kMaxRows];
-      std::vector<float> o(static_cast<size_t>(kMaxRows) * TT, NAN);
-      for (int r = 0; r < kMaxRows; ++r) {
+      const void* wp[kRows];
+      float* op[kRows];
+      std::vector<float> o(static_cast<size_t>(kRows) * TT, NAN);
+      for (int r = 0; r < kRows; ++r) {
         wp[r] = rows[r].data();
         op[r] = o.data() + static_cast<size_t>(r) * TT;
       }
-      k.dot_q_rows(t, wp, kMaxRows, qa.data(), n / kQK, TT, n, op, 1);
-      for (int r = 0; r < kMaxRows; ++r) {
+      k.dot_q_rows(t, wp, kRows, qa.data(), n / kQK, TT, n, op, 1);
+      for (int r = 0; r < kRows; ++r) {
         for (int a = 0; a < TT; ++a) {
           ok = ok && op[r][a] == ref.dot_q(t, wp[r], qa.data() + static_cast<size_t>(a) * (n / kQK), n);
         }
       }
     }
     // The reference itself against float64 over the dequantized weights and activations.
-    for (int r = 0; r < kMaxRows; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       std::vector<float> wf(n);
       ref.dequant_row(t, rows[r].data(), wf.data(), n);
       for (int a = 0; a < T; ++a) {
@@ -269,7 +270,7 @@ void test_level(const Kernels& k, const Kernels& ref) {
       bool okr = true;
       std::vector<std::vector<uint8_t>> wrows;
       for (int r = 0; r < kMaxRows; ++r) wrows.push_back(make_row(t, randn(rng, n, 0.5f), rng));
-      for (const int R : {1, 2, 3, 4, 5, 6, 7, 8}) {
+      for (const int R : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16}) {
         for (const int T : {1, 2, 3, 4, 5, 16, 17}) {
           auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
           std::vector<BlockQ8A> qt(static_cast<size_t>(T) * n / kQK);
