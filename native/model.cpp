@@ -503,7 +503,8 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt, bi = p0 / bt;
         cnt = std::min(bt - off, tk.end - p0);
-        if (bi + kAheadBlocks <= last_block) prefetch_l1(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
+        if (bi + kAheadBlocks <= last_block)
+          prefetch_l1(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
         prefetch_l2(kv.v_row(blocks[bi], layer, 0, tk.kh), bt * v_stride);
         kern.attn_scores(g.k_format, kv.k_row(blocks[bi], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
                          s + (p0 - tk.begin), chunk);
