@@ -10,8 +10,8 @@ from worker.settings import EngineSettings
 
 # The engine's attention splits contexts into chunks of this many positions (model.cpp kChunkPositions).
 _ATTN_CHUNK = 512
-# Rows of a matmul tile in the engine's per-thread scratch (model.cpp kRowTile).
-_ROW_TILE = 8
+# Rows of a matmul tile in the engine's per-thread scratch (model.cpp kRowTile = kernels.h kMaxRows).
+_ROW_TILE = 16
 # Bytes of one int8 activation block of 32 values plus two f32 scales (kernels.h BlockQ8A).
 _ACT_BLOCK_BYTES = 40
 
