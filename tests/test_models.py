@@ -343,6 +343,13 @@ def test_goldens(run: CaseRun) -> None:
         )
     assert [c["prompt"] for c in golden["cases"]] == list(PROMPTS)
     assert golden["settings"]["llama_kwargs"] == LLAMA_KWARGS and golden["settings"]["n_generate"] == N_GEN
+    # llama.cpp picks its kernels from the CPU's features: on an AVX-512 host its K-quant streams left these
+    # AVX2-made goldens at clear steps (Q6_K's second prompt at step 1, margin 0.70; five files of seven). Where
+    # the features differ, today's llama.cpp may leave the golden; our engine is then checked up to where it
+    # does, and against today's llama.cpp by the tests above.
+    import llama_cpp
+
+    same_kernels = golden["system_info"] == llama_cpp.llama_print_system_info().decode()
     for ref, ours, need, g in zip(run.refs, run.forced, run.clear, golden["cases"], strict=True):
         where = f"{_where(run, ref)} vs golden models_{run.case.golden}.json"
         assert ref.prompt_ids == g["prompt_ids"], f"{where}: llama.cpp's tokenization changed"
@@ -351,7 +358,8 @@ def test_goldens(run: CaseRun) -> None:
         clear = [i for i, m in enumerate(margins) if m >= MARGIN]
         assert len(clear) >= N_GEN // 2, f"{where}: too few clear steps for the check to mean anything"
         live = [i for i in clear if ref.ids[i] != g["generated_ids"][i]]
-        assert not live, f"{where}: today's llama.cpp disagrees with the golden at clear steps {live}"
+        if same_kernels:
+            assert not live, f"{where}: today's llama.cpp disagrees with the golden at clear steps {live}"
         # our engine: the stream is the golden's only up to the first step today's llama.cpp left it
         same = next((i for i in range(N_GEN) if ref.ids[i] != g["generated_ids"][i]), N_GEN)
         arg = np.argmax(ours, axis=1)
