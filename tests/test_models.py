@@ -344,7 +344,7 @@ def test_goldens(run: CaseRun) -> None:
     assert [c["prompt"] for c in golden["cases"]] == list(PROMPTS)
     assert golden["settings"]["llama_kwargs"] == LLAMA_KWARGS and golden["settings"]["n_generate"] == N_GEN
     # llama.cpp picks its kernels from the CPU's features: on an AVX-512 host its K-quant streams left these
-    # AVX2-made goldens at clear steps (Q6_K's second prompt at step 1, margin 0.70; five files of seven). Where
+    # AVX2-made goldens at clear steps (Q6_K's second prompt at step 1, margin 0.70; five files of eight). Where
     # the features differ, today's llama.cpp may leave the golden; our engine is then checked up to where it
     # does, and against today's llama.cpp by the tests above.
     import llama_cpp
