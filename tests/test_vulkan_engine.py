@@ -34,8 +34,12 @@ from worker.engine import Engine, KvBudgetError, Sampling
 # and dotted in float as the shaders do; keys in f32/f16 are scored in float by both): they differ in
 # summation order only. n-term float32 sums err by ~n * 2^-24 relative (n <= 576 here: 3e-5) per op;
 # measured 7e-7 on the tiny models. The same limit holds against backend cpu-ops for every KV format
-# (both score float queries against the same stored rows).
-FLOAT_REL_LIMIT = 1e-4
+# (both score float queries against the same stored rows). On an AVX-512 host lavapipe's results moved
+# further from both CPU paths (which agree with each other to 9e-6): 1.1e-4 on llama Q4_1 against the
+# engine and 1.05e-4 against cpu-ops (backend/cpu_backend.cpp, whose code did not change), 1.8e-5 to 6.1e-5
+# on the Q8_0 files: llvmpipe compiles the shaders for the host's vector width and its own FMA contraction.
+# The limit allows 3x the worst of those.
+FLOAT_REL_LIMIT = 3e-4
 # The default model (30 layers of real weights, activations with outliers): the same float32 differences
 # compound through the residual stream. Measured 3.1e-4 (f16 KV); the limit allows 6x that.
 DEFAULT_MODEL_REL_LIMIT = 2e-3
