@@ -31,6 +31,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from swarm import planner, scheduler  # noqa: E402
 from swarm.config import load_config  # noqa: E402
 from swarm.launch import launch, rebuild_history  # noqa: E402
+from swarm.runtime.agents import JOIN_CHECK_S  # noqa: E402
 
 RAY_PROCESSES = ("raylet", "gcs_server", "dashboard.py", "dashboard_agent", "runtime_env_agent")
 NODE_KV = 2 * 10**9
@@ -356,12 +357,18 @@ def test_a_worker_that_joins_mid_run_is_planned_in(cluster: Cluster, tmp_path: P
     )  # fmt: skip
     added: dict[str, Any] = {}
 
+    # The node joins while the first turns run. Turns start only at the loop's ticks, and this hook holds the
+    # loop until Ray lists the node and a join check is due (one every JOIN_CHECK_S), so the next tick starts
+    # the second turns and sees the node in the same pass, whatever the engine's speed (waiting for tokens
+    # instead let a fast engine finish every turn while the node was starting).
     def on_tick(run: Any) -> None:
-        if not added and any(a.tokens_generated for a in run.agents.values()):
+        if not added and any(a.turn is not None for a in run.agents.values()):
+            t0 = time.monotonic()
             added["node"] = cluster.add_node(
                 num_cpus=1, resources={"device:apple-m2": 1, scheduler.KV_RESOURCE: NODE_KV}
             )
             cluster.wait_for_nodes(timeout=60)
+            time.sleep(max(0.0, t0 + JOIN_CHECK_S + 0.1 - time.monotonic()))
 
     try:
         summary = launch(cfg, address=cluster.address, out_dir=tmp_path, live=False, timeout_s=600,
