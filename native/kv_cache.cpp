@@ -68,6 +68,7 @@ void KvPool::init() {
   layer_bytes_ = k_part_ + static_cast<size_t>(g.block_tokens) * g.n_kv_head * v_row_;
   bytes_per_token_ = static_cast<size_t>(g.n_layer) * g.n_kv_head * (k_row_ + v_row_);
   block_bytes_ = bytes_per_token_ * g.block_tokens;
+  slab_stride_ = (block_bytes_ + 63) / 64 * 64;  // every block of a slab starts on a cache line
 }
 
 void KvPool::set_budget(size_t budget_bytes) {
@@ -101,16 +102,15 @@ int KvPool::acquire() {
   } else {
     uint8_t* block = nullptr;
     if (host_storage_) {
-      const size_t stride = (block_bytes_ + 63) / 64 * 64;  // every block starts on a cache line
       if (slab_left_ == 0) {
-        const size_t n = std::max<size_t>(1, kSlabTarget / stride);
-        const size_t bytes = (n * stride + kHugePage - 1) / kHugePage * kHugePage;
+        const size_t n = std::max<size_t>(1, kSlabTarget / slab_stride_);
+        const size_t bytes = (n * slab_stride_ + kHugePage - 1) / kHugePage * kHugePage;
         slabs_.push_back(map_slab(bytes));
         slab_next_ = slabs_.back().get();
-        slab_left_ = bytes / stride;
+        slab_left_ = bytes / slab_stride_;
       }
       block = slab_next_;
-      slab_next_ += stride;
+      slab_next_ += slab_stride_;
       --slab_left_;
     }
     blocks_.push_back(block);

@@ -115,6 +115,7 @@ class KvPool {
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block
   size_t bytes_per_token_;
   size_t block_bytes_;
+  size_t slab_stride_;  // block_bytes_ rounded up to a cache line: blocks' spacing in a slab
   // Host blocks live in slabs of several whole blocks, 2 MiB-aligned and advised for transparent
   // huge pages: a decode step reads one ~1 KB run per (block, layer, kv head), so with 4 KiB pages
   // every run of a long context was a TLB miss (kv_cache.cpp, acquire).
