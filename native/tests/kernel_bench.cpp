@@ -2,6 +2,12 @@
 // thread for several activation-row counts. Prints ns per weight element and activation row (one
 // multiply-add) and the weight bytes per second. Built with KVS_BUILD_TESTS.
 //   kvs_kernel_bench [level] [type] [rows] [cols] [reps]      e.g. kvs_kernel_bench avx2 Q4_1 1536 576 50
+// Attention mode: one decode step's attention over a deep context (every layer's K/V well past the
+// last-level cache), cut into 16-position blocks as the engine's cache is, one thread. Prints ns per
+// K/V row (all G query heads) for the scores, the softmax numerators and the V sums apart and together.
+//   kvs_kernel_bench attn [level] [kv format] [positions] [layers] [G] [head_dim] [reps]
+//   e.g. kvs_kernel_bench attn avx512 q4_0 8150 30 3 64 5
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,11 +17,81 @@
 #include <vector>
 
 #include "../kernels/kernels.h"
+#include "../kv_format.h"
 #include "../quant.h"
 
 using namespace kvs;
 
+namespace {
+
+int attention_bench(int argc, char** argv) {
+  const std::string level = argc > 2 ? argv[2] : "avx2";
+  const KvFormat f = kv_format_from_string(argc > 3 ? argv[3] : "q4_0");
+  const int positions = argc > 4 ? std::atoi(argv[4]) : 8150;
+  const int layers = argc > 5 ? std::atoi(argv[5]) : 30;
+  const int G = argc > 6 ? std::atoi(argv[6]) : 3;
+  const int hd = argc > 7 ? std::atoi(argv[7]) : 64;
+  const int reps = argc > 8 ? std::atoi(argv[8]) : 5;
+  constexpr int kBlock = 16;
+  const Kernels& k = kernels_for(level);
+  const size_t rb = kv_row_bytes(f, hd);
+  const int n_blocks = (positions + kBlock - 1) / kBlock;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // One (layer) run of blocks for K and one for V, each block its own 64-byte-aligned slot.
+  const size_t slot = (kBlock * rb + 63) / 64 * 64;
+  std::vector<uint8_t> kbuf(slot * n_blocks * layers + 64), vbuf(slot * n_blocks * layers + 64);
+  std::vector<float> row(hd);
+  for (size_t o = 0; o + rb <= kbuf.size(); o += rb) {
+    for (auto& x : row) x = nd(rng);
+    kv_store_row(f, row.data(), kbuf.data() + o, hd);
+    kv_store_row(f, row.data(), vbuf.data() + o, hd);
+  }
+  std::vector<float> q(static_cast<size_t>(G) * hd), s(static_cast<size_t>(G) * positions), acc(q.size());
+  for (auto& x : q) x = 0.125f * nd(rng);
+  std::vector<BlockQ8A> qq(static_cast<size_t>(G) * hd / kQK);
+  for (int g = 0; g < G; ++g) k.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
+  auto blk = [&](std::vector<uint8_t>& b, int layer, int bi) { return b.data() + (layer * n_blocks + bi) * slot; };
+  double best[4] = {1e30, 1e30, 1e30, 1e30};
+  float sink = 0.0f;
+  for (int rep = 0; rep < reps; ++rep) {
+    double t[3] = {0, 0, 0};
+    for (int layer = 0; layer < layers; ++layer) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int bi = 0; bi < n_blocks; ++bi) {
+        const int cnt = std::min(kBlock, positions - bi * kBlock);
+        k.attn_scores(f, blk(kbuf, layer, bi), rb, cnt, q.data(), qq.data(), G, hd, s.data() + bi * kBlock, positions);
+      }
+      auto t1 = std::chrono::steady_clock::now();
+      for (int g = 0; g < G; ++g) sink += k.exp_sum(s.data() + g * positions, positions, 0.0f);
+      auto t2 = std::chrono::steady_clock::now();
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int bi = 0; bi < n_blocks; ++bi) {
+        const int cnt = std::min(kBlock, positions - bi * kBlock);
+        k.attn_accum(f, blk(vbuf, layer, bi), rb, cnt, s.data() + bi * kBlock, positions, acc.data(), G, hd);
+      }
+      auto t3 = std::chrono::steady_clock::now();
+      sink += acc[0];
+      t[0] += std::chrono::duration<double>(t1 - t0).count();
+      t[1] += std::chrono::duration<double>(t2 - t1).count();
+      t[2] += std::chrono::duration<double>(t3 - t2).count();
+    }
+    for (int i = 0; i < 3; ++i) best[i] = std::min(best[i], t[i]);
+    best[3] = std::min(best[3], t[0] + t[1] + t[2]);
+  }
+  const double n_rows = static_cast<double>(positions) * layers;
+  std::printf("# attention %s %s, %d positions x %d layers, G=%d, hd=%d, %.1f MB of K+V, one thread, best of %d\n",
+              level.c_str(), kv_format_name(f), positions, layers, G, hd, 2.0 * n_rows * rb / 1e6, reps);
+  std::printf("ns per K/V row: scores %.2f  exp %.2f  accum %.2f  all %.2f  (%.2f GB/s of K+V)  [%g]\n",
+              best[0] * 1e9 / n_rows, best[1] * 1e9 / n_rows, best[2] * 1e9 / n_rows, best[3] * 1e9 / n_rows,
+              2.0 * n_rows * rb / best[3] / 1e9, static_cast<double>(sink != 0.0f));
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "attn") return attention_bench(argc, argv);
   const std::string level = argc > 1 ? argv[1] : "avx2";
   const std::string tname = argc > 2 ? argv[2] : "Q4_1";
   const int64_t rows = argc > 3 ? std::atoll(argv[3]) : 1536;
