@@ -9,6 +9,7 @@
 //   e.g. kvs_kernel_bench attn avx512 q4_0 8150 30 3 64 5
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,20 +39,30 @@ int attention_bench(int argc, char** argv) {
   const int n_blocks = (positions + kBlock - 1) / kBlock;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  // One (layer) run of blocks for K and one for V, each block its own 64-byte-aligned slot.
+  // Per layer one run of blocks for K and one for V, each block a 64-byte-aligned slot of kBlock rows.
   const size_t slot = (kBlock * rb + 63) / 64 * 64;
-  std::vector<uint8_t> kbuf(slot * n_blocks * layers + 64), vbuf(slot * n_blocks * layers + 64);
+  const size_t n_slots = static_cast<size_t>(n_blocks) * layers;
+  std::vector<uint8_t> kmem(slot * n_slots + 63), vmem(kmem.size());
+  auto aligned = [](std::vector<uint8_t>& m) {
+    return m.data() + ((64 - reinterpret_cast<uintptr_t>(m.data()) % 64) % 64);
+  };
+  uint8_t* const kbase = aligned(kmem);
+  uint8_t* const vbase = aligned(vmem);
   std::vector<float> row(hd);
-  for (size_t o = 0; o + rb <= kbuf.size(); o += rb) {
-    for (auto& x : row) x = nd(rng);
-    kv_store_row(f, row.data(), kbuf.data() + o, hd);
-    kv_store_row(f, row.data(), vbuf.data() + o, hd);
+  for (size_t b = 0; b < n_slots; ++b) {
+    for (int j = 0; j < kBlock; ++j) {
+      for (auto& x : row) x = nd(rng);
+      kv_store_row(f, row.data(), kbase + b * slot + j * rb, hd);
+      kv_store_row(f, row.data(), vbase + b * slot + j * rb, hd);
+    }
   }
   std::vector<float> q(static_cast<size_t>(G) * hd), s(static_cast<size_t>(G) * positions), acc(q.size());
   for (auto& x : q) x = 0.125f * nd(rng);
   std::vector<BlockQ8A> qq(static_cast<size_t>(G) * hd / kQK);
   for (int g = 0; g < G; ++g) k.quantize_act(q.data() + g * hd, qq.data() + g * hd / kQK, hd);
-  auto blk = [&](std::vector<uint8_t>& b, int layer, int bi) { return b.data() + (layer * n_blocks + bi) * slot; };
+  auto blk = [&](uint8_t* base, int layer, int bi) {
+    return base + (static_cast<size_t>(layer) * n_blocks + bi) * slot;
+  };
   double best[4] = {1e30, 1e30, 1e30, 1e30};
   float sink = 0.0f;
   for (int rep = 0; rep < reps; ++rep) {
@@ -60,7 +71,7 @@ int attention_bench(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       for (int bi = 0; bi < n_blocks; ++bi) {
         const int cnt = std::min(kBlock, positions - bi * kBlock);
-        k.attn_scores(f, blk(kbuf, layer, bi), rb, cnt, q.data(), qq.data(), G, hd, s.data() + bi * kBlock, positions);
+        k.attn_scores(f, blk(kbase, layer, bi), rb, cnt, q.data(), qq.data(), G, hd, s.data() + bi * kBlock, positions);
       }
       auto t1 = std::chrono::steady_clock::now();
       for (int g = 0; g < G; ++g) sink += k.exp_sum(s.data() + g * positions, positions, 0.0f);
@@ -68,7 +79,7 @@ int attention_bench(int argc, char** argv) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int bi = 0; bi < n_blocks; ++bi) {
         const int cnt = std::min(kBlock, positions - bi * kBlock);
-        k.attn_accum(f, blk(vbuf, layer, bi), rb, cnt, s.data() + bi * kBlock, positions, acc.data(), G, hd);
+        k.attn_accum(f, blk(vbase, layer, bi), rb, cnt, s.data() + bi * kBlock, positions, acc.data(), G, hd);
       }
       auto t3 = std::chrono::steady_clock::now();
       sink += acc[0];
