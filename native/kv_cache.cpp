@@ -16,7 +16,8 @@ constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kSlabTarget = size_t{8} << 20;  // blocks per slab: as many as fit in ~8 MiB, at least one
 
 // size bytes of zeroed memory at a kHugePage boundary, advised for transparent huge pages (where the
-// kernel has them; elsewhere plain pages). Pages are touched lazily, so a slab's unused blocks cost no RAM.
+// kernel has them; elsewhere plain pages). Pages are touched lazily; since a block's runs spread over the
+// slab (kv_cache.h), a slab's first block can commit up to the whole slab where huge pages are on.
 std::shared_ptr<uint8_t> map_slab(size_t size) {
   const size_t span = size + kHugePage;
   void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -68,7 +69,13 @@ void KvPool::init() {
   layer_bytes_ = k_part_ + static_cast<size_t>(g.block_tokens) * g.n_kv_head * v_row_;
   bytes_per_token_ = static_cast<size_t>(g.n_layer) * g.n_kv_head * (k_row_ + v_row_);
   block_bytes_ = bytes_per_token_ * g.block_tokens;
-  slab_stride_ = (block_bytes_ + 63) / 64 * 64;  // every block of a slab starts on a cache line
+  if (block_bytes_ != 0) {
+    slab_bytes_ =
+        (std::max(size_t{1}, kSlabTarget / block_bytes_) * block_bytes_ + kHugePage - 1) / kHugePage * kHugePage;
+    slab_blocks_ = slab_bytes_ / block_bytes_;
+  }
+  slab_layer_ = slab_blocks_ * layer_bytes_;
+  slab_run_ = slab_blocks_ * static_cast<size_t>(g.block_tokens);
 }
 
 void KvPool::set_budget(size_t budget_bytes) {
@@ -100,20 +107,19 @@ int KvPool::acquire() {
     id = free_.back();
     free_.pop_back();
   } else {
-    uint8_t* block = nullptr;
-    if (host_storage_) {
-      if (slab_left_ == 0) {
-        const size_t n = std::max<size_t>(1, kSlabTarget / slab_stride_);
-        const size_t bytes = (n * slab_stride_ + kHugePage - 1) / kHugePage * kHugePage;
-        slabs_.push_back(map_slab(bytes));
-        slab_next_ = slabs_.back().get();
-        slab_left_ = bytes / slab_stride_;
+    HostRows rows{nullptr, nullptr};
+    if (host_storage_ && block_bytes_ != 0) {
+      if (slabs_.empty() || slab_used_ == slab_blocks_) {
+        slabs_.push_back(map_slab(slab_bytes_));
+        slab_used_ = 0;
       }
-      block = slab_next_;
-      slab_next_ += slab_stride_;
-      --slab_left_;
+      uint8_t* slab = slabs_.back().get();
+      const size_t run0 = slab_used_ * static_cast<size_t>(g_.block_tokens);  // this block's first row in a run
+      rows.k = slab + run0 * k_row_;
+      rows.v = slab + slab_blocks_ * k_part_ + run0 * v_row_;
+      ++slab_used_;
     }
-    blocks_.push_back(block);
+    blocks_.push_back(rows);
     refs_.push_back(0);
     id = static_cast<int>(blocks_.size() - 1);
   }

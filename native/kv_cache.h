@@ -1,9 +1,16 @@
 // Paged KV cache: a pool of fixed-size blocks and per-sequence block tables.
 //
 // One block holds block_tokens consecutive positions of one sequence for every
-// layer, K and V. Byte layout of a block:
+// layer, K and V. Byte layout of a block on its own (a device pool's blocks, a
+// host copy of one, k_row_offset / v_row_offset):
 //   [layer][K | V][kv_head][slot (block_tokens)] rows of kv_row_bytes(format, head_dim)
 // so the rows one attention task reads (one layer, one kv head) are contiguous.
+// Host blocks live in slabs of N blocks laid out run by run (k_row / v_row):
+//   [layer][K | V][kv_head][block of the slab (N)][slot (block_tokens)]
+// so the runs of consecutive blocks of one (layer, kv head) are adjacent: a
+// sequence whose blocks were taken one after another (a prefill, a long
+// decode) reads its context as one stream per (layer, kv head) for the
+// hardware prefetcher, not one ~1 KB run per block.
 // NOTE: block tables are append-only while a sequence lives. A full block may
 // be held by several sequences whose histories share that prefix (reference
 // counted, never written again); it returns to the free list when its last
@@ -96,12 +103,12 @@ class KvPool {
     return v_part_offset(layer) + (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
   }
 
+  // A host block's rows (slab layout above); consecutive slots are k_row_bytes apart.
   uint8_t* k_row(int block, int layer, int slot, int head) const {
-    return blocks_[block] + layer * layer_bytes_ + (static_cast<size_t>(head) * g_.block_tokens + slot) * k_row_;
+    return blocks_[block].k + layer * slab_layer_ + (static_cast<size_t>(head) * slab_run_ + slot) * k_row_;
   }
   uint8_t* v_row(int block, int layer, int slot, int head) const {
-    return blocks_[block] + layer * layer_bytes_ + k_part_ +
-           (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
+    return blocks_[block].v + layer * slab_layer_ + (static_cast<size_t>(head) * slab_run_ + slot) * v_row_;
   }
 
  private:
@@ -115,14 +122,20 @@ class KvPool {
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block
   size_t bytes_per_token_;
   size_t block_bytes_;
-  size_t slab_stride_;  // block_bytes_ rounded up to a cache line: blocks' spacing in a slab
-  // Host blocks live in slabs of several whole blocks, 2 MiB-aligned and advised for transparent
-  // huge pages: a decode step reads one ~1 KB run per (block, layer, kv head), so with 4 KiB pages
-  // every run of a long context was a TLB miss (kv_cache.cpp, acquire).
+  // Host blocks live in slabs of slab_blocks_ blocks (layout above), 2 MiB-aligned and advised for
+  // transparent huge pages: a decode step reads one ~1 KB run per (block, layer, kv head), so with 4 KiB
+  // pages every run of a long context was a TLB miss (kv_cache.cpp, acquire).
+  size_t slab_blocks_ = 1;
+  size_t slab_bytes_ = 0;
+  size_t slab_layer_ = 0;  // bytes of one layer (K and V of every block) in a slab
+  size_t slab_run_ = 0;    // rows of one (layer, K | V, kv head) in a slab: slab_blocks_ * block_tokens
+  struct HostRows {
+    uint8_t* k;  // slot 0 of layer 0, kv head 0 of this block's K runs (nullptr: device storage)
+    uint8_t* v;  // the same for V
+  };
   std::vector<std::shared_ptr<uint8_t>> slabs_;
-  uint8_t* slab_next_ = nullptr;  // the current slab's next free block
-  size_t slab_left_ = 0;          // blocks left in it
-  std::vector<uint8_t*> blocks_;  // every block ever allocated (nullptr: device storage)
+  size_t slab_used_ = 0;          // blocks of the current slab handed out
+  std::vector<HostRows> blocks_;  // every block ever allocated
   std::vector<int> free_;         // ids of blocks not held by a sequence
   std::vector<int> refs_;         // {block: sequences holding it}
   size_t in_use_ = 0;
