@@ -3,13 +3,17 @@
 // the model, and when that succeeds runs every KV format through prefill,
 // batched decode, multi-turn append, prefix sharing, a KV budget that runs out,
 // a budget move and scoring. A file that is rejected must be rejected with an
-// exception, never a crash or a sanitizer report. Prints "N loaded, M rejected".
+// exception, never a crash or a sanitizer report. Before the files, it checks the
+// host KV pool's slab layout. Prints "N loaded, M rejected".
 #include "../engine.h"
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
+
+#include "../kv_cache.h"
 
 using kvs::Engine;
 using kvs::EngineOptions;
@@ -83,7 +87,63 @@ void exercise(const std::string& path, const std::string& kv_k, const std::strin
 
 }  // namespace
 
+// The host pool's slab layout (kv_cache.h): every row of every block has bytes of its own (each row is
+// stamped with its own number, then every stamp is read back), and within a slab the runs of one
+// (layer, kv head) of blocks taken one after another are adjacent, K and V alike.
+void pool_layout() {
+  kvs::KvGeometry g;
+  g.n_layer = 3;
+  g.n_kv_head = 2;
+  g.head_dim = 64;
+  g.k_format = kvs::KvFormat::Q8_0;  // 68-byte rows
+  g.v_format = kvs::KvFormat::F16;   // 128-byte rows
+  g.block_tokens = 4;
+  kvs::KvPool pool(g, 0);
+  // 4,704-byte blocks: 4,000 of them span two slabs (~8 MiB each, rounded up to whole 2 MiB pages)
+  const int n = 4000;
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(pool.acquire());
+  auto each_row = [&](auto&& fn) {
+    uint32_t stamp = 0;
+    for (int b : ids) {
+      for (int l = 0; l < g.n_layer; ++l) {
+        for (int h = 0; h < g.n_kv_head; ++h) {
+          for (int s = 0; s < g.block_tokens; ++s) {
+            fn(pool.k_row(b, l, s, h), pool.k_row_bytes(), stamp++);
+            fn(pool.v_row(b, l, s, h), pool.v_row_bytes(), stamp++);
+          }
+        }
+      }
+    }
+  };
+  each_row([](uint8_t* row, size_t bytes, uint32_t stamp) {
+    for (size_t o = 0; o + sizeof stamp <= bytes; o += sizeof stamp) std::memcpy(row + o, &stamp, sizeof stamp);
+  });
+  bool intact = true;
+  each_row([&](uint8_t* row, size_t bytes, uint32_t stamp) {
+    for (size_t o = 0; o + sizeof stamp <= bytes; o += sizeof stamp)
+      intact = intact && std::memcmp(row + o, &stamp, sizeof stamp) == 0;
+  });
+  expect(intact, "KV pool: every row keeps its own bytes");
+  // Pairs of consecutive blocks whose runs are not adjacent: only where a slab ends.
+  int apart = 0;
+  for (int i = 0; i + 1 < n; ++i) {
+    bool adjacent = true;
+    for (int l = 0; l < g.n_layer; ++l) {
+      for (int h = 0; h < g.n_kv_head; ++h) {
+        adjacent = adjacent && pool.k_row(ids[i + 1], l, 0, h) == pool.k_row(ids[i], l, g.block_tokens, h) &&
+                   pool.v_row(ids[i + 1], l, 0, h) == pool.v_row(ids[i], l, g.block_tokens, h);
+      }
+    }
+    apart += adjacent ? 0 : 1;
+  }
+  const size_t slab_blocks = (size_t{8} << 20) / pool.block_bytes();  // at least this many per slab
+  expect(apart > 0 && static_cast<size_t>(apart) <= (n + slab_blocks - 1) / slab_blocks - 1,
+         "KV pool: consecutive blocks' runs are adjacent inside a slab (" + std::to_string(apart) + " breaks)");
+}
+
 int main(int argc, char** argv) {
+  pool_layout();
   int loaded = 0;
   int rejected = 0;
   const char* formats[][2] = {{"f32", "f32"}, {"f16", "q8_0"}, {"q8_head", "q4_0"}, {"q4_0", "q8_head"}};
