@@ -85,8 +85,6 @@ void exercise(const std::string& path, const std::string& kv_k, const std::strin
   e.set_kv_budget(0);
 }
 
-}  // namespace
-
 // The host pool's slab layout (kv_cache.h): every row of every block has bytes of its own (each row is
 // stamped with its own number, then every stamp is read back), and within a slab the runs of one
 // (layer, kv head) of blocks taken one after another are adjacent, K and V alike.
@@ -141,6 +139,8 @@ void pool_layout() {
   expect(apart > 0 && static_cast<size_t>(apart) <= (n + slab_blocks - 1) / slab_blocks - 1,
          "KV pool: consecutive blocks' runs are adjacent inside a slab (" + std::to_string(apart) + " breaks)");
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   pool_layout();
