@@ -472,15 +472,15 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   if (ws.timers.on) {
     for (const AttnTask& tk : ws.attn_tasks) ws.timers.kv_bytes += (tk.end - tk.begin) * (k_stride + v_stride);
   }
-  // Blocks are separate allocations (one (layer, kv head) run of a block is 16 rows, ~1 KB), so the
-  // hardware prefetcher stops at each block's end, and one block of look-ahead left the 8k decode
-  // waiting on DRAM (the profile's hottest lines were the prefetches themselves, stalled on full miss
-  // buffers). Pass 1 asks for the K rows kAheadBlocks blocks on, and for the V rows of the block it
-  // scores into L2, so pass 2 finds them there.
+  // A (layer, kv head) run of a block is 16 rows (~1 KB). Inside a KV slab consecutive blocks' runs
+  // are adjacent, but a context's blocks need not be consecutive, and the hardware prefetcher alone
+  // left the 8k decode waiting on DRAM (the profile's hottest lines were the prefetches themselves,
+  // stalled on full miss buffers). Pass 1 asks for the K rows kAheadBlocks blocks on, and for the V
+  // rows of the block it scores, both into L2 (prefetcht1): into L1 each prefetch holds an L1 miss
+  // buffer for a DRAM round trip, and attention at depth 8000 took 1.35x (f16) and 1.14x (q8_0) the
+  // time (bench/ab_builds.py --metric attention_ms, 3 alternated rounds, 2026-12-02). 8 blocks ahead
+  // instead of 4 changed nothing.
   constexpr int kAheadBlocks = 4;
-  auto prefetch_l1 = [](const uint8_t* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-  };
   auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
   };
@@ -506,7 +506,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       const int n = tk.end - tk.begin;
       const int last_block = (tk.end - 1) / bt;
       for (int bi = tk.begin / bt; bi <= std::min(last_block, tk.begin / bt + kAheadBlocks - 1); ++bi) {
-        prefetch_l1(kv.k_row(blocks[bi], layer, 0, tk.kh), bt * k_stride);
+        prefetch_l2(kv.k_row(blocks[bi], layer, 0, tk.kh), bt * k_stride);
       }
       // Pass 1: every score of the chunk, one KV block at a time (a sliding window's
       // chunk may start inside a block: its first run is shorter).
@@ -514,7 +514,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         const int off = p0 % bt, bi = p0 / bt;
         cnt = std::min(bt - off, tk.end - p0);
         if (bi + kAheadBlocks <= last_block)
-          prefetch_l1(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
+          prefetch_l2(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
         prefetch_l2(kv.v_row(blocks[bi], layer, 0, tk.kh), bt * v_stride);
         kern.attn_scores(g.k_format, kv.k_row(blocks[bi], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
                          s + (p0 - tk.begin), chunk);
