@@ -1,7 +1,7 @@
 """Before and after: decode tok/s of another build of the engine module against this one, alternated.
 
     .venv/bin/python bench/ab_builds.py --old /tmp/old/b/_native.cpython-311-x86_64-linux-gnu.so \
-        [--depths 0 8150] [--kv q8_0 q4_0 f16] [--seqs 1 16] [--rounds 3]
+        [--model PATH|NAME] [--depths 0 8150] [--kv q8_0 q4_0 f16] [--seqs 1 16] [--rounds 3]
 
 Build the old module from an earlier commit beside the tree (`git archive REV native | tar -x -C /tmp/old`,
 then `cmake -S /tmp/old/native -B /tmp/old/b -DKVS_PYTHON=ON -Dpybind11_DIR=...` and `cmake --build`).
@@ -40,6 +40,7 @@ def _measure(
     threads: int,
     metric: str,
     best_of: int,
+    model: str | None,
 ) -> dict[str, float]:
     """{"kv@depth xN": tok/s, or attention ms per step} with the engine module at `module` ("" = this tree's)."""
     if module:
@@ -52,7 +53,7 @@ def _measure(
     from worker import _native
     from worker.models import resolve_model
 
-    path = str(resolve_model(None))
+    path = str(resolve_model(model))
     out: dict[str, float] = {}
     for kv in kvs:
         for depth in depths:
@@ -87,6 +88,7 @@ def _measure(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="the other build's _native*.so")
+    ap.add_argument("--model", default=None, help="GGUF path or a name `swarm models` lists (default: the default)")
     ap.add_argument("--new", default="", help="this side's _native*.so (default: this tree's module)")
     ap.add_argument("--depths", type=int, nargs="+", default=[0, 8150])
     ap.add_argument("--kv", nargs="+", default=["q8_0", "q4_0", "f16"])
@@ -105,7 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child is not None:
         cells = _measure(
-            args.child, args.depths, args.kv, args.seqs, args.steps, args.threads, args.metric, args.best_of
+            args.child, args.depths, args.kv, args.seqs, args.steps, args.threads, args.metric, args.best_of, args.model
         )
         print(json.dumps(cells))
         return
@@ -118,6 +120,8 @@ def main() -> None:
             argv += ["--depths", *map(str, args.depths), "--kv", *args.kv, "--seqs", *map(str, args.seqs)]
             argv += ["--steps", str(args.steps), "--threads", str(args.threads), "--metric", args.metric]
             argv += ["--best-of", str(args.best_of)]
+            if args.model:
+                argv += ["--model", args.model]
             # cwd outside the tree: `worker` must come from sys.path[0] as set in _measure, not an installed copy
             p = subprocess.run(argv, capture_output=True, text=True, cwd="/tmp", env=dict(os.environ))
             if p.returncode != 0:
