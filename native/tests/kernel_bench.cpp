@@ -1,6 +1,6 @@
 // Kernel micro-benchmark: dot_q_rows over one weight matrix, the matmul's inner call, timed on one
 // thread for several activation-row counts. Prints ns per weight element and activation row (one
-// multiply-add) and the weight bytes per second, after the rate a plain read of the same bytes
+// multiply-add) and the weight bytes per second, after the rate a plain read of as many bytes
 // reaches. Built with KVS_BUILD_TESTS.
 //   kvs_kernel_bench [level] [type] [rows] [cols] [reps]      e.g. kvs_kernel_bench avx2 Q4_1 1536 576 50
 // Attention mode: one decode step's attention over a deep context (every layer's K/V well past the
@@ -20,6 +20,7 @@
 
 #include "../kernels/kernels.h"
 #include "../kv_format.h"
+#include "../membw.h"
 #include "../quant.h"
 
 using namespace kvs;
@@ -135,21 +136,9 @@ int main(int argc, char** argv) {
   }
   std::printf("# %s %s, %lld x %lld (%.2f MB of weights), one thread, best of %d\n", level.c_str(), tname.c_str(),
               static_cast<long long>(rows), static_cast<long long>(cols), w.size() / 1e6, reps);
-  {  // The same bytes read with no arithmetic: what the rows could stream at (from DRAM when they are large).
-    double best = 1e30;
-    uint64_t sink = 0;
-    for (int rep = 0; rep < reps; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const uint64_t* q = reinterpret_cast<const uint64_t*>(w.data());
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = 0; i + 4 <= w.size() / 8; i += 4) s0 += q[i], s1 += q[i + 1], s2 += q[i + 2], s3 += q[i + 3];
-      sink += s0 + s1 + s2 + s3;
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    volatile uint64_t keep = sink;
-    (void)keep;
-    std::printf("plain read      %7.2f GB/s of weights\n", w.size() / best / 1e9);
-  }
+  // A plain read of as many bytes (at least 1 MiB) on one thread: what the rows could stream at.
+  const double read_bps = measure_read_bandwidth(1, std::max<size_t>(w.size(), size_t{1} << 20), reps);
+  std::printf("plain read      %7.2f GB/s of weights\n", read_bps / 1e9);
   for (const int T : {1, 2, 4, 8, 16, 32}) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(T) * cols);
