@@ -438,6 +438,10 @@ float row_max(const float* x, int n) {
 // the partials are merged afterwards, so one long context spreads over every
 // thread. Each K/V row is read once for all G query heads of its group.
 constexpr int kChunkPositions = 512;
+// Below these sizes attention's loops run on the calling thread: a pool loop costs a wake-up and a
+// join (microseconds), as long as ~128 K/V rows of attention or merging ~16K partial floats take.
+constexpr int64_t kInlineRows = 128;
+constexpr size_t kInlineMergeFloats = 16384;
 
 // Attention of T token rows over one layer's K/V (index `layer` inside pool kv).
 // window > 0: row t attends to positions (pos_t - window, pos_t] only (sliding layer).
@@ -484,7 +488,9 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
   };
-  pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), [&](int thread, int64_t b, int64_t e) {
+  int64_t rows = 0;  // K/V rows the tasks read, for every query head at once
+  for (const AttnTask& tk : ws.attn_tasks) rows += tk.end - tk.begin;
+  auto run_tasks = [&](int thread, int64_t b, int64_t e) {
     float* s = ws.thread_scratch[thread].data();     // (G, chunk) scores, then weights
     float* qs = s + static_cast<size_t>(G) * chunk;  // (G, hd) queries pre-multiplied by 1/sqrt(hd)
     BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];    // (G, nb) quantized queries
@@ -536,13 +542,39 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
                         chunk, acc, G, hd);
       }
+      if (ws.attn_first[pair + 1] - ws.attn_first[pair] == 1) {
+        // The pair's only chunk: its output is acc / l, the merge's arithmetic for one partial
+        // (weight exp(m - m) = 1), written here instead of in a second loop.
+        float* out = ws.attn.data() + static_cast<size_t>(tk.t) * q_dim + static_cast<size_t>(tk.kh) * G * hd;
+        for (int i = 0; i < G; ++i) {
+          const float inv = 1.0f / lsum[i];
+          for (int x = 0; x < hd; ++x) out[i * hd + x] = acc[i * hd + x] * inv;
+        }
+      }
     }
-  });
+  };
+  // A step's attention can be a few rows (a decode step near the start of its context); below
+  // kInlineRows the caller runs it alone rather than wake the pool and wait for it.
+  if (rows <= kInlineRows) {
+    run_tasks(0, 0, static_cast<int64_t>(ws.attn_tasks.size()));
+  } else {
+    pool.parallel_for(static_cast<int64_t>(ws.attn_tasks.size()), run_tasks);
+  }
 
-  // Merge the partial softmaxes of each (token, kv head) into the attention output.
-  pool.parallel_for(static_cast<int64_t>(T) * n_kv, [&](int, int64_t b, int64_t e) {
-    for (int64_t pair = b; pair < e; ++pair) {
-      const int t = static_cast<int>(pair / n_kv), kh = static_cast<int>(pair % n_kv);
+  // Merge the partial softmaxes of the (token, kv head) pairs whose context spans several chunks.
+  ws.attn_merge.clear();
+  size_t merge_floats = 0;
+  for (int pair = 0; pair < T * n_kv; ++pair) {
+    const int tasks = ws.attn_first[pair + 1] - ws.attn_first[pair];
+    if (tasks > 1) {
+      ws.attn_merge.push_back(pair);
+      merge_floats += static_cast<size_t>(tasks) * part;
+    }
+  }
+  auto merge = [&](int, int64_t b, int64_t e) {
+    for (int64_t mi = b; mi < e; ++mi) {
+      const int pair = ws.attn_merge[mi];
+      const int t = pair / n_kv, kh = pair % n_kv;
       const int first = ws.attn_first[pair], last = ws.attn_first[pair + 1];
       float* out = ws.attn.data() + static_cast<size_t>(t) * q_dim + static_cast<size_t>(kh) * G * hd;
       for (int i = 0; i < G; ++i) {
@@ -561,7 +593,13 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         for (int x = 0; x < hd; ++x) o[x] *= inv;
       }
     }
-  });
+  };
+  const auto n_merge = static_cast<int64_t>(ws.attn_merge.size());
+  if (merge_floats <= kInlineMergeFloats) {
+    merge(0, 0, n_merge);
+  } else {
+    pool.parallel_for(n_merge, merge);
+  }
 }
 
 }  // namespace

@@ -173,6 +173,7 @@ struct Workspace {
   std::vector<BlockQ8A> xq;  // (T, cols/32) quantized matmul input
   std::vector<AttnTask> attn_tasks;
   std::vector<int> attn_first;  // (T*n_kv + 1,) first task of each (token, kv head)
+  std::vector<int> attn_merge;  // the (token, kv head) pairs whose context spans several tasks
   std::vector<float> partials;  // (tasks, G*(hd+2)) partial softmax state
   std::vector<float> x, xn, q, k, v, attn, ff_gate, ff_up, logits_in;
   // MoE: router probabilities and the rows routed to the experts, grouped by expert.
