@@ -41,6 +41,7 @@ def _measure(
     metric: str,
     best_of: int,
     model: str | None,
+    sampling: str,
 ) -> dict[str, float]:
     """{"kv@depth xN": tok/s, or attention ms per step} with the engine module at `module` ("" = this tree's)."""
     if module:
@@ -59,8 +60,12 @@ def _measure(
         for depth in depths:
             for n in seqs:
                 eng = _native.Engine(path, kv_k=kv, kv_v=kv, threads=threads)
-                sp = _native.SamplingParams()
-                for _ in range(n):
+                for i in range(n):
+                    sp = _native.SamplingParams()
+                    for kv_pair in filter(None, sampling.split(",")):  # "temperature=0.7,top_p=0.9"
+                        key, value = kv_pair.split("=")
+                        setattr(sp, key, type(getattr(sp, key))(value))
+                    sp.seed = i
                     seq = eng.add_sequence([], sp, False)
                     eng.fill_kv(seq, max(depth, 1), 1)
                     eng.append(seq, [TOKEN], sp, True)
@@ -103,11 +108,26 @@ def main() -> None:
         help="decode tok/s, or the attention part of a step (the engine's timers: steadier on this noisy VM)",
     )
     ap.add_argument("--best-of", type=int, default=1, help="blocks of --steps steps per cell; the best block counts")
+    ap.add_argument(
+        "--sampling",
+        default="",
+        help="every sequence draws its tokens with these SamplingParams fields, e.g. temperature=0.7,top_p=0.9 "
+        "(default: greedy); sequence i is seeded with i",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a subprocess: the module to load
     args = ap.parse_args()
     if args.child is not None:
         cells = _measure(
-            args.child, args.depths, args.kv, args.seqs, args.steps, args.threads, args.metric, args.best_of, args.model
+            args.child,
+            args.depths,
+            args.kv,
+            args.seqs,
+            args.steps,
+            args.threads,
+            args.metric,
+            args.best_of,
+            args.model,
+            args.sampling,
         )
         print(json.dumps(cells))
         return
@@ -119,7 +139,7 @@ def main() -> None:
             argv = [sys.executable, __file__, "--old", args.old, "--child", module]
             argv += ["--depths", *map(str, args.depths), "--kv", *args.kv, "--seqs", *map(str, args.seqs)]
             argv += ["--steps", str(args.steps), "--threads", str(args.threads), "--metric", args.metric]
-            argv += ["--best-of", str(args.best_of)]
+            argv += ["--best-of", str(args.best_of), "--sampling", args.sampling]
             if args.model:
                 argv += ["--model", args.model]
             # cwd outside the tree: `worker` must come from sys.path[0] as set in _measure, not an installed copy
@@ -128,7 +148,8 @@ def main() -> None:
                 sys.exit(f"{side} build failed:\n{p.stderr[-3000:]}")
             runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
     what = "attention ms per decode step" if args.metric == "attention_ms" else "decode tok/s"
-    print(f"# {what}, {args.threads} threads, {args.rounds} alternated rounds; median (min-max)")
+    drawn = f", tokens drawn with {args.sampling}" if args.sampling else ""
+    print(f"# {what}, {args.threads} threads, {args.rounds} alternated rounds{drawn}; median (min-max)")
     for cell in runs["old"][0]:
         old = [r[cell] for r in runs["old"]]
         new = [r[cell] for r in runs["new"]]

@@ -12,6 +12,12 @@ the four llama.cpp configurations, ours, ... and prints median (min-max); the
 ratio is our median over llama.cpp's best median (named in 'best'). Both sides
 and the setup go to bench/results/aggregate.json (aggregate-<model>.json for another
 --model: a path or a name `swarm models` lists).
+
+With --temperature T (and --top-k, --top-p) both sides draw every token and feed it
+back: ours through the engine's sampler, llama.cpp through its sampler chain (top-k,
+top-p, temp, dist) per sequence, so the figures include the draw that agent
+frameworks' requests (temperature 0.7, top_p 0.9 or 1) ask for. Those runs go to
+aggregate-sampled.json.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import os
 import sys
 import time
+from typing import Any
 
 from peer import (  # bench/peer.py (bench scripts run from bench/)
     Peer,
@@ -44,10 +51,11 @@ PEER_CONFIGS = {
 }
 
 
-def ours_sample(eng: Engine, n_seq: int, prompt_len: int, n_new: int) -> dict[str, float]:
+def ours_sample(eng: Engine, n_seq: int, prompt_len: int, n_new: int, sampling: dict[str, Any]) -> dict[str, float]:
     """Prefill n_seq distinct prompts (untimed, without sampling), take one untimed
     step, then time n_new steps that each feed one token of every sequence, as
-    llama.cpp's side does (so every timed step is a batch of n_seq)."""
+    llama.cpp's side does (so every timed step is a batch of n_seq). sampling: the
+    draw's settings (temperature 0: greedy), sequence s seeded with s."""
     ids = [
         # llama_peer.prompt_tokens(s, prompt_len)
         eng.add_sequence([(17 * s + 31 * i) % 40000 + 100 for i in range(prompt_len)], generate=False)
@@ -56,7 +64,7 @@ def ours_sample(eng: Engine, n_seq: int, prompt_len: int, n_new: int) -> dict[st
     while eng.busy():
         eng.step()
     for s, i in enumerate(ids):
-        eng.append(i, [504 + s], Sampling(max_new_tokens=n_new + 1, stop_tokens=()))
+        eng.append(i, [504 + s], Sampling(max_new_tokens=n_new + 1, stop_tokens=(), seed=s, **sampling))
     eng.step()  # untimed first step, as llama.cpp's side
     t0 = time.perf_counter()
     made = 0
@@ -87,8 +95,17 @@ def main() -> None:
         default=None,
         help="JSON file of llama.cpp samples, reused only on an exact parameter match (and rewritten)",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: both sides draw every token (ours: Sampling; llama.cpp: its sampler chain) and feed it back",
+    )
+    ap.add_argument("--top-k", type=int, default=0, help="with --temperature; 0: off")
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature; 1: off")
     args = ap.parse_args()
     model = resolve_model(args.model)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p} if args.temperature else {}
     check_prompt_vocab(model)
     peer = Peer(args.peer_python, model, args.peer_cache)
 
@@ -103,6 +120,7 @@ def main() -> None:
                 "prompt_len": args.prompt_len,
                 "n_new": args.n_new,
                 "threads": args.threads,
+                **({"sampling": sampling} if sampling else {}),
             }
             for name, (unified, fa) in PEER_CONFIGS.items()
         }
@@ -111,6 +129,8 @@ def main() -> None:
         f"# aggregate decode, {args.prompt_len}-token prompts, {args.n_new} new tokens each, {args.threads} threads, "
         f"{args.rounds} alternated rounds per cell"
     )
+    if sampling:
+        print(f"# every token drawn on both sides: {sampling} (llama.cpp: top-k, top-p, temp, dist chain)")
     print("# tok/s as median (min-max); uni = llama.cpp's unified KV cache, seq = one cache stream per sequence")
     print("# ratio = our median / llama.cpp's best median over the four configurations for the same KV type")
     head = " ".join(f"{'llama ' + n:>19}" for n in PEER_CONFIGS)
@@ -121,7 +141,7 @@ def main() -> None:
         for kv in args.kv:
             load = os.getloadavg()[0]  # other tenants' work: the doc quotes it next to the figures
             eng = Engine(model, kv_k=kv, kv_v=kv, threads=args.threads, max_batch_tokens=512)
-            sample = functools.partial(ours_sample, eng, n, args.prompt_len, args.n_new)
+            sample = functools.partial(ours_sample, eng, n, args.prompt_len, args.n_new, sampling)
             mine, theirs = peer.cell(configs(kv, n), args.rounds, sample)
             del eng
             cell: dict = {"n_seq": n, "kv": kv, "load_1min": load, "ours": {"samples": mine}, "peer": theirs}
@@ -156,9 +176,11 @@ def main() -> None:
         "n_seq": args.n_seq,
         "kv": args.kv,
         "peer_configs": {k: {"kv_unified": u, "flash_attn": fa} for k, (u, fa) in PEER_CONFIGS.items()},
+        "sampling": sampling or "fixed tokens",
     }
+    bench_name = "aggregate-sampled" if sampling else "aggregate"
     print(
-        f"# written: {write_record(record_name('aggregate', args.model), parameters, cells, peer_version=peer.version)}"
+        f"# written: {write_record(record_name(bench_name, args.model), parameters, cells, peer_version=peer.version)}"
     )
     peer.save()
     peer.close()

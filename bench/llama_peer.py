@@ -120,10 +120,25 @@ class DecodeCase:
         self.fresh.close()
 
 
+def sampler_chain(sampling: dict[str, Any], seed: int) -> Any:
+    """llama.cpp's sampler chain for one sequence: top-k (when > 0), top-p (when < 1), temperature, then
+    a seeded draw from the softmax (llama.cpp's own order for these samplers)."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if sampling.get("top_k", 0) > 0:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(sampling["top_k"]))
+    if sampling.get("top_p", 1.0) < 1.0:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(sampling["top_p"], 1))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(sampling["temperature"]))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+    return chain
+
+
 class AggregateCase:
     """n_seq sequences of prompt_len-token prompts; each sample times n_new steps (after
     one untimed step, as ours) of one llama_decode over a batch holding one token of
-    every sequence id."""
+    every sequence id. With cfg["sampling"] ({"temperature", "top_k", "top_p"}) each
+    sequence's next token is drawn by its own sampler chain from its row of logits and
+    fed back; without, every step feeds fixed tokens (no sampling on either side)."""
 
     def __init__(self, model: Any, cfg: dict[str, Any]) -> None:
         self.n_seq, self.prompt_len, self.n_new = cfg["n_seq"], cfg["prompt_len"], cfg["n_new"]
@@ -133,6 +148,13 @@ class AggregateCase:
         self.c = Context(model, cfg, self.n_seq * per_seq, max(self.prompt_len, self.n_seq), self.n_seq, cfg["unified"])
         for s in range(self.n_seq):
             self.c.prefill(s, prompt_tokens(s, self.prompt_len))
+        sampling = cfg.get("sampling")
+        self.chains = [sampler_chain(sampling, s) for s in range(self.n_seq)] if sampling else []
+
+    def next_tokens(self) -> list[int]:
+        if not self.chains:
+            return [504 + s for s in range(self.n_seq)]
+        return [llama_cpp.llama_sampler_sample(ch, self.c.ctx, s) for s, ch in enumerate(self.chains)]
 
     def measure(self) -> dict[str, float]:
         for s in range(self.n_seq):
@@ -140,11 +162,14 @@ class AggregateCase:
         self.c.submit([(504 + s, self.prompt_len, s, True) for s in range(self.n_seq)])  # untimed first step
         t0 = time.perf_counter()
         for step in range(1, self.n_new + 1):
-            self.c.submit([(504 + s, self.prompt_len + step, s, True) for s in range(self.n_seq)])
+            toks = self.next_tokens()
+            self.c.submit([(toks[s], self.prompt_len + step, s, True) for s in range(self.n_seq)])
         dt = time.perf_counter() - t0
         return {"tokens_per_s": self.n_seq * self.n_new / dt}
 
     def close(self) -> None:
+        for ch in self.chains:
+            llama_cpp.llama_sampler_free(ch)
         self.c.close()
 
 

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "device_forward.h"
 #include "kv_transfer.h"
+#include "sampling.h"
 
 namespace kvs {
 
@@ -491,45 +492,7 @@ int32_t Engine::sample(Sequence& s, const float* logits_in) {
     }
     l = penalized.data();
   }
-  if (sp.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(l, l + nv) - l);  // first max on ties
-  }
-  std::vector<int32_t> cand(nv);
-  std::iota(cand.begin(), cand.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
-  if (sp.top_k > 0 && sp.top_k < nv) {
-    std::partial_sort(cand.begin(), cand.begin() + sp.top_k, cand.end(), by_logit);
-    cand.resize(sp.top_k);
-  } else {
-    std::sort(cand.begin(), cand.end(), by_logit);
-  }
-  std::vector<double> p(cand.size());
-  const double mx = l[cand[0]];
-  double sum = 0.0;
-  for (size_t i = 0; i < cand.size(); ++i) {
-    p[i] = std::exp((l[cand[i]] - mx) / sp.temperature);
-    sum += p[i];
-  }
-  size_t keep = cand.size();
-  if (sp.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < cand.size(); ++i) {
-      cum += p[i] / sum;
-      if (cum >= sp.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
-  const double u = std::uniform_real_distribution<double>(0.0, kept)(s.rng);
-  double acc = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return cand[i];
-  }
-  return cand[keep - 1];
+  return draw_token(l, nv, sp.temperature, sp.top_k, sp.top_p, s.rng, *kern_, draw_);
 }
 
 void Engine::set_token_mask(int id, const std::vector<uint32_t>& bits) {

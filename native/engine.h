@@ -14,6 +14,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "sampling.h"
 #include "threadpool.h"
 
 namespace kvs {
@@ -226,6 +227,7 @@ class Engine {
 
   EngineOptions opt_;
   const Kernels* kern_;
+  DrawScratch draw_;  // the sampler's buffers (step holds mu_ while it samples)
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvPool> kv_;      // global layers (every layer for most models)
   std::unique_ptr<KvPool> swa_kv_;  // sliding-window layers; null without them

@@ -7,6 +7,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "vec.h"
+
 namespace kvs {
 
 namespace {
@@ -408,28 +410,6 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
       }
     }
   });
-}
-
-// max of x[0..n) in two 4-float vectors (GCC/Clang vector types: maxps on x86, fmax on NEON). A loop
-// over a float[8] of std::max stayed scalar maxss (perf annotate, 8k decode), and std::max_element's
-// compare-and-branch per element before it was a visible share of long-context decode.
-typedef float Float4 __attribute__((vector_size(16)));
-float row_max(const float* x, int n) {
-  const float inf = std::numeric_limits<float>::infinity();
-  Float4 m0 = {-inf, -inf, -inf, -inf}, m1 = m0;
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    Float4 a, b;
-    std::memcpy(&a, x + i, sizeof a);
-    std::memcpy(&b, x + i + 4, sizeof b);
-    m0 = a > m0 ? a : m0;
-    m1 = b > m1 ? b : m1;
-  }
-  m0 = m1 > m0 ? m1 : m0;
-  float r = m0[0];
-  for (int k = 1; k < 4; ++k) r = m0[k] > r ? m0[k] : r;
-  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
-  return r;
 }
 
 // Split-context flash decoding: the positions one (token, kv head) attends to

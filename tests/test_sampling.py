@@ -63,6 +63,38 @@ def test_top_k_and_top_p_restrict_support(tiny_models) -> None:  # type: ignore[
     assert set(draws.tolist()) <= nucleus
 
 
+def test_full_vocabulary_draws_match_float64_on_the_real_model(default_model) -> None:  # type: ignore[no-untyped-def]
+    """Temperature without top_k over the default model's 49,152 tokens, the draw that does not sort the
+    vocabulary: each likely token's frequency matches softmax(l / T) computed here in float64 from the
+    engine's logits, and so does the mass of all the others. With top_p every draw falls in the nucleus
+    (the float64 rank order's shortest prefix reaching top_p) in the nucleus's renormalised shares."""
+    logits = last_logits(default_model)
+    assert len(logits) > 30000
+
+    def check(freq: np.ndarray, p: np.ndarray) -> None:
+        likely = p > 0.01
+        sigma = np.sqrt(p * (1 - p) / N_DRAWS)
+        assert (np.abs(freq - p) <= 4.5 * sigma + 1.0 / N_DRAWS)[likely].all()
+        tail, tail_f = p[~likely].sum(), freq[~likely].sum()
+        assert abs(tail_f - tail) <= 4.5 * np.sqrt(tail * (1 - tail) / N_DRAWS) + 1.0 / N_DRAWS
+
+    temp = 1.3
+    p = softmax(logits / temp)
+    draws = first_tokens(default_model, lambda i: Sampling(temperature=temp, seed=i, max_new_tokens=1))
+    check(np.bincount(draws, minlength=len(p)) / N_DRAWS, p)
+    assert len(np.unique(draws)) > 20
+
+    top_p = 0.8
+    order = np.argsort(-p, kind="stable")
+    n_keep = int(np.searchsorted(np.cumsum(p[order]), top_p) + 1)
+    nucleus = np.zeros(len(p), dtype=bool)
+    nucleus[order[:n_keep]] = True
+    draws = first_tokens(default_model, lambda i: Sampling(temperature=temp, top_p=top_p, seed=i, max_new_tokens=1))
+    assert nucleus[draws].all()
+    q = np.where(nucleus, p, 0.0)
+    check(np.bincount(draws, minlength=len(p)) / N_DRAWS, q / q.sum())
+
+
 def test_same_seed_same_tokens_other_seed_differs(tiny_models) -> None:  # type: ignore[no-untyped-def]
     def run(seed: int) -> list[int]:
         eng = Engine(tiny_models["Q4_0"])
