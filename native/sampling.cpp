@@ -36,9 +36,9 @@ int32_t walk(const float* p, int n, double u) {
 int32_t draw_token(const float* l, int nv, float temperature, int top_k, float top_p, std::mt19937_64& rng,
                    const Kernels& kern, DrawScratch& scratch) {
   const float mx = row_max(l, nv);
-  if (temperature <= 0.0f || !(mx > -INFINITY)) {
+  if (temperature <= 0.0f || !std::isfinite(mx)) {  // greedy; and a row whose largest logit is +-inf
     const int i = first_index_of(l, nv, mx);
-    return i < nv ? i : 0;  // a row of NaNs: token 0, as the first of equals
+    return i < nv ? i : 0;  // a row of NaNs: token 0
   }
   auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
   std::vector<int32_t>& cand = scratch.idx;
@@ -85,9 +85,14 @@ int32_t draw_token(const float* l, int nv, float temperature, int top_k, float t
   p.resize(nv);
   for (int i = 0; i < nv; ++i) p[i] = (l[i] - mx) * inv_t;
   float sum = kern.exp_sum(p.data(), nv, 0.0f);
-  // exp_sum clamps its argument at -87.3: a masked token (-inf) would keep a weight of ~1e-38.
-  for (int i = 0; i < nv; ++i) p[i] = l[i] == -INFINITY ? 0.0f : p[i];
+  // exp_sum clamps its argument at -87.3, so a masked token (-inf) would keep a weight of ~1e-38; a NaN
+  // logit (a broken row) gets weight 0 too, and then the sum is taken again without it.
+  for (int i = 0; i < nv; ++i) p[i] = l[i] > -INFINITY ? p[i] : 0.0f;
   const int n8 = nv / 8 * 8;
+  if (!std::isfinite(sum)) {
+    sum = sum8s(p.data(), n8);
+    for (int i = n8; i < nv; ++i) sum += p[i];
+  }
   if (top_p >= 1.0f) return walk(p.data(), nv, std::uniform_real_distribution<double>(0.0, sum)(rng));
 
   // top_p: the nucleus is a prefix of the rank order, so it lies among the tokens of weight >= tau for

@@ -13,6 +13,7 @@
 #include "../kernels/kernels.h"
 #include "../kv_format.h"
 #include "../quant.h"
+#include "../sampling.h"
 
 using namespace kvs;
 
@@ -427,12 +428,68 @@ void test_level(const Kernels& k, const Kernels& ref) {
 
 }  // namespace
 
+// draw_token on one level's exp_sum: expectations derived by hand from the logits each case builds.
+void test_draw(const Kernels& k) {
+  const std::string L = std::string(k.name) + " draw_token ";
+  const int nv = 49152;
+  DrawScratch scratch;
+  std::mt19937_64 rng(3);
+  std::vector<float> l(nv);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& x : l) x = nd(rng);
+  // Greedy: the first of two equal largest logits; a NaN never wins; a row of NaNs gives token 0.
+  l[1234] = l[3000] = 50.0f;
+  l[5] = NAN;
+  check(draw_token(l.data(), nv, 0.0f, 0, 1.0f, rng, k, scratch) == 1234, L + "greedy first max");
+  const int cold = draw_token(l.data(), nv, 1e-30f, 0, 1.0f, rng, k, scratch);  // only the tied maxima have weight
+  check(cold == 1234 || cold == 3000, L + "tiny temperature draws a largest logit");
+  std::vector<float> nans(nv, NAN);
+  check(draw_token(nans.data(), nv, 0.7f, 0, 1.0f, rng, k, scratch) == 0, L + "NaN row");
+  l[77] = INFINITY;
+  check(draw_token(l.data(), nv, 0.7f, 0, 1.0f, rng, k, scratch) == 77, L + "+inf logit");
+  // Masked: only tokens 7, 4000 and nv - 1 are finite, with equal logits: each 1/3 of 3000 draws.
+  std::vector<float> m(nv, -INFINITY);
+  m[7] = m[4000] = m[nv - 1] = 2.0f;
+  m[11] = NAN;
+  int hits[3] = {0, 0, 0};
+  bool inside = true;
+  for (int i = 0; i < 3000; ++i) {
+    const int t = draw_token(m.data(), nv, 1.0f, 0, 1.0f, rng, k, scratch);
+    if (t == 7)
+      ++hits[0];
+    else if (t == 4000)
+      ++hits[1];
+    else if (t == nv - 1)
+      ++hits[2];
+    else
+      inside = false;
+  }
+  // sd of a 1/3 share over 3000 draws: sqrt(1/3 * 2/3 / 3000) = 0.0086; allow 6 of them (0.052)
+  bool even = true;
+  for (int h : hits) even = even && std::fabs(h / 3000.0 - 1.0 / 3.0) < 0.052;
+  check(inside && even, L + "masked tokens never drawn, the others evenly");
+  // top_p 0.75 over p = 0.5 (token 10), 0.3 (token 20), 0.2 spread over the rest: the nucleus is {10, 20}
+  // (0.5 < 0.75 <= 0.8), drawn 0.5/0.8 = 0.625 and 0.375 of the time (sd 0.0077 over 4000 draws).
+  std::vector<float> q(nv, std::log(0.2f / (nv - 2)));
+  q[10] = std::log(0.5f);
+  q[20] = std::log(0.3f);
+  int n10 = 0;
+  inside = true;
+  for (int i = 0; i < 4000; ++i) {
+    const int t = draw_token(q.data(), nv, 1.0f, 0, 0.75f, rng, k, scratch);
+    n10 += t == 10;
+    inside = inside && (t == 10 || t == 20);
+  }
+  check(inside && std::fabs(n10 / 4000.0 - 0.625) < 0.046, L + "top_p nucleus and its shares");
+}
+
 int main() {
   const Kernels& ref = kernels_ref();
   std::string levels;
   for (const std::string& level : available_isa_levels()) {
     levels += level + " ";
     test_level(kernels_for(level), ref);
+    test_draw(kernels_for(level));
     if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
   std::printf("levels: %s\n", levels.c_str());
