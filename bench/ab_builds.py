@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = 504  # the token fed at the first timed step (bench/decode.py's)
+PREFILL_LEN = 512  # --metric prefill_tok_s: the prompt's length (bench/decode.py's)
 
 
 def _measure(
@@ -57,6 +58,20 @@ def _measure(
     path = str(resolve_model(model))
     out: dict[str, float] = {}
     for kv in kvs:
+        if metric == "prefill_tok_s":  # a fresh PREFILL_LEN-token prompt, best of best_of
+            eng = _native.Engine(path, kv_k=kv, kv_v=kv, threads=threads)
+            prompt = [(31 * i) % 40000 + 100 for i in range(PREFILL_LEN)]
+            rates = []
+            for _ in range(best_of + 1):  # the first one untimed: scratch buffers, pages
+                seq = eng.add_sequence(prompt, _native.SamplingParams(), False)
+                t0 = time.perf_counter()
+                while eng.busy():
+                    eng.step()
+                rates.append(PREFILL_LEN / (time.perf_counter() - t0))
+                eng.free(seq)
+            out[f"{kv} prefill {PREFILL_LEN}"] = max(rates[1:])
+            del eng
+            continue
         for depth in depths:
             for n in seqs:
                 eng = _native.Engine(path, kv_k=kv, kv_v=kv, threads=threads)
@@ -103,9 +118,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--metric",
-        choices=["tok_s", "attention_ms"],
+        choices=["tok_s", "attention_ms", "prefill_tok_s"],
         default="tok_s",
-        help="decode tok/s, or the attention part of a step (the engine's timers: steadier on this noisy VM)",
+        help="decode tok/s, the attention part of a step (the engine's timers: steadier on this noisy VM), or "
+        "the prefill rate of a fresh 512-token prompt (one cell per --kv; --depths and --seqs unused)",
     )
     ap.add_argument("--best-of", type=int, default=1, help="blocks of --steps steps per cell; the best block counts")
     ap.add_argument(
@@ -147,7 +163,9 @@ def main() -> None:
             if p.returncode != 0:
                 sys.exit(f"{side} build failed:\n{p.stderr[-3000:]}")
             runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    what = "attention ms per decode step" if args.metric == "attention_ms" else "decode tok/s"
+    what = {"attention_ms": "attention ms per decode step", "prefill_tok_s": "prefill tok/s"}.get(
+        args.metric, "decode tok/s"
+    )
     drawn = f", tokens drawn with {args.sampling}" if args.sampling else ""
     print(f"# {what}, {args.threads} threads, {args.rounds} alternated rounds{drawn}; median (min-max)")
     for cell in runs["old"][0]:

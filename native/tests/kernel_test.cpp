@@ -428,6 +428,26 @@ void test_level(const Kernels& k, const Kernels& ref) {
 
 }  // namespace
 
+// kv_store_row's int8 rounding, derived by hand: a block whose largest magnitude is 127 has d = 1, so
+// each value is stored as itself rounded to the nearest integer, ties to even.
+void test_kv_store_rounding() {
+  float x[kQK] = {127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 126.5f, 0.49999997f, -127.0f, 1.5f, -1.5f, 0.5f, 64.5f};
+  const int8_t want[12] = {127, 2, 4, -2, 0, 126, 0, -127, 2, -2, 0, 64};
+  BlockQ8_0 blk;
+  kv_store_row(KvFormat::Q8_0, x, &blk, kQK);
+  bool ok = fp16_to_fp32(blk.d) == 1.0f;
+  for (int i = 0; i < 12; ++i) ok = ok && blk.qs[i] == want[i];
+  for (int i = 12; i < kQK; ++i) ok = ok && blk.qs[i] == 0;
+  check(ok, "kv_store_row q8_0 rounds to nearest, ties to even");
+  uint8_t row[sizeof(float) + kQK];
+  kv_store_row(KvFormat::Q8_HEAD, x, row, kQK);
+  float s;
+  std::memcpy(&s, row, sizeof s);
+  ok = s == 1.0f;
+  for (int i = 0; i < 12; ++i) ok = ok && static_cast<int8_t>(row[sizeof(float) + i]) == want[i];
+  check(ok, "kv_store_row q8_head rounds to nearest, ties to even");
+}
+
 // draw_token on one level's exp_sum: expectations derived by hand from the logits each case builds.
 void test_draw(const Kernels& k) {
   const std::string L = std::string(k.name) + " draw_token ";
@@ -492,6 +512,7 @@ int main() {
     test_draw(kernels_for(level));
     if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
+  test_kv_store_rounding();
   std::printf("levels: %s\n", levels.c_str());
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
