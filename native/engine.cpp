@@ -471,17 +471,26 @@ int32_t Engine::sample(Sequence& s, const float* logits_in) {
   const SamplingParams& sp = s.sp;
   // The logits are copied only when a token mask or the repetition penalty changes them.
   const float* l = logits_in;
-  std::vector<float> penalized;
-  if (!s.token_mask.empty()) {  // masked tokens get -inf: never the argmax, probability 0 below
-    penalized.assign(logits_in, logits_in + nv);
-    for (int t = 0; t < nv; ++t) {
-      if (!((s.token_mask[static_cast<size_t>(t) >> 5] >> (t & 31)) & 1u)) penalized[t] = -INFINITY;
+  std::vector<float>& penalized = draw_.logits;  // kept between calls: no 192 KB allocation per token
+  if (!s.token_mask.empty()) {                   // masked tokens get -inf: never the argmax, probability 0 below
+    // A word at a time: a grammar's mask is mostly whole words of disallowed (or allowed) tokens.
+    penalized.resize(nv);
+    for (int w0 = 0; w0 < nv; w0 += 32) {
+      const uint32_t word = s.token_mask[static_cast<size_t>(w0) >> 5];
+      const int n = std::min(32, nv - w0);
+      if (word == 0u) {
+        std::fill_n(penalized.data() + w0, n, -INFINITY);
+      } else if (word == 0xFFFFFFFFu) {
+        std::copy_n(logits_in + w0, n, penalized.data() + w0);
+      } else {
+        for (int i = 0; i < n; ++i) penalized[w0 + i] = (word >> i) & 1u ? logits_in[w0 + i] : -INFINITY;
+      }
     }
     l = penalized.data();
   }
   if (sp.repetition_penalty != 1.0f && sp.repeat_last_n > 0) {
     // llama.cpp's rule: divide positive logits, multiply negative ones, once per distinct token.
-    if (penalized.empty()) penalized.assign(logits_in, logits_in + nv);
+    if (l == logits_in) penalized.assign(logits_in, logits_in + nv);
     std::unordered_set<int32_t> seen;
     const size_t n = s.tokens.size();
     const size_t from = n > static_cast<size_t>(sp.repeat_last_n) ? n - sp.repeat_last_n : 0;

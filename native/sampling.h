@@ -12,6 +12,7 @@ namespace kvs {
 
 // Buffers one draw needs, kept between draws so a token costs no allocation.
 struct DrawScratch {
+  std::vector<float> logits;  // the engine's copy of a row it masks or penalizes
   std::vector<float> p;
   std::vector<int32_t> idx;
   std::vector<double> pd;
