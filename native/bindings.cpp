@@ -624,6 +624,7 @@ PYBIND11_MODULE(_native, m) {
         d["weight_bytes"] = s.weight_bytes;
         d["scratch_bytes"] = s.scratch_bytes;
         d["sequences"] = s.sequences;
+        d["key_tiles"] = s.key_tiles;
         return d;
       });
 

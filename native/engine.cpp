@@ -28,6 +28,7 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   g.k_format = kv_format_from_string(opt.kv_k);
   g.v_format = kv_format_from_string(opt.kv_v);
   g.block_tokens = opt.block_tokens;
+  g.key_tiles = kern_->key_tiles;
   if (c.n_layer_swa == 0) {
     kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes, opt.backend == "cpu");
   } else {
@@ -451,8 +452,11 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
         for (float& x : row) x = normal();
         // A device pool's rows are written into host copies of its blocks (uploaded below).
         uint8_t* host = device_ ? device_->host_block(pool, swa, block) : nullptr;
-        uint8_t* k_dst = host ? host + pool.k_row_offset(kl, slot, h) : pool.k_row(block, kl, slot, h);
-        kv_store_row(g.k_format, row.data(), k_dst, c.head_dim);
+        if (host) {
+          kv_store_row(g.k_format, row.data(), host + pool.k_row_offset(kl, slot, h), c.head_dim);
+        } else {
+          pool.store_k_row(block, kl, slot, h, row.data());
+        }
         for (float& x : row) x = normal();
         uint8_t* v_dst = host ? host + pool.v_row_offset(kl, slot, h) : pool.v_row(block, kl, slot, h);
         kv_store_row(g.v_format, row.data(), v_dst, c.head_dim);
@@ -566,6 +570,7 @@ MemoryStats Engine::memory() const {
   m.block_tokens = kv_->geometry().block_tokens;
   m.budget_bytes = kv_->budget_bytes();
   m.blocks_in_use = kv_->blocks_in_use();
+  m.key_tiles = kv_->k_tiled();
   // {block: positions filled}; a shared block counts once.
   std::unordered_map<int, int> filled;
   const int bt = kv_->geometry().block_tokens;

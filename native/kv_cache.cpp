@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 #include <utility>
@@ -63,6 +64,7 @@ void KvPool::init() {
   if (g.block_tokens <= 0 || g.block_tokens > 64) {
     throw std::invalid_argument("block_tokens must be between 1 and 64, got " + std::to_string(g.block_tokens));
   }
+  k_tiled_ = g.key_tiles && host_storage_ && kv_format_tiles(g.k_format) && g.block_tokens % kKeyTileRows == 0;
   k_row_ = kv_row_bytes(g.k_format, g.head_dim);
   v_row_ = kv_row_bytes(g.v_format, g.head_dim);
   k_part_ = static_cast<size_t>(g.block_tokens) * g.n_kv_head * k_row_;
@@ -145,6 +147,40 @@ bool KvPool::release(int block) {
   --in_use_;
   budget_->reserved -= block_bytes_;
   return true;
+}
+
+void KvPool::put_k_row(int block, int layer, int slot, int head, const void* row) const {
+  if (!k_tiled_) {
+    std::memcpy(k_row(block, layer, slot, head), row, k_row_);
+    return;
+  }
+  const int first = slot / kKeyTileRows * kKeyTileRows;
+  kv_tile_put_row(g_.k_format, row, k_row(block, layer, first, head), slot - first, g_.head_dim);
+}
+
+void KvPool::get_k_row(int block, int layer, int slot, int head, void* row) const {
+  if (!k_tiled_) {
+    std::memcpy(row, k_row(block, layer, slot, head), k_row_);
+    return;
+  }
+  const int first = slot / kKeyTileRows * kKeyTileRows;
+  kv_tile_get_row(g_.k_format, k_row(block, layer, first, head), slot - first, row, g_.head_dim);
+}
+
+void KvPool::store_k_row(int block, int layer, int slot, int head, const float* src) const {
+  if (!k_tiled_) {
+    kv_store_row(g_.k_format, src, k_row(block, layer, slot, head), g_.head_dim);
+    return;
+  }
+  uint8_t local[2048];  // a q8_0 row of 1920 dims; wider heads take the heap
+  std::vector<uint8_t> wide;
+  uint8_t* enc = local;
+  if (k_row_ > sizeof local) {
+    wide.resize(k_row_);
+    enc = wide.data();
+  }
+  kv_store_row(g_.k_format, src, enc, g_.head_dim);
+  put_k_row(block, layer, slot, head, enc);
 }
 
 }  // namespace kvs

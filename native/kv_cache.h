@@ -39,6 +39,10 @@ struct KvGeometry {
   KvFormat k_format = KvFormat::F16;
   KvFormat v_format = KvFormat::F16;
   int block_tokens = 16;
+  // Store q8_0 / q4_0 keys as 16-row tiles (kv_format.h) where the pool can: host storage and
+  // block_tokens a multiple of 16 (KvPool::k_tiled). The engine asks for it when its kernels have a
+  // tile body (Kernels::key_tiles).
+  bool key_tiles = false;
 };
 
 // A byte budget shared by the pools of one engine. bytes == 0: no budget.
@@ -103,7 +107,17 @@ class KvPool {
     return v_part_offset(layer) + (static_cast<size_t>(head) * g_.block_tokens + slot) * v_row_;
   }
 
-  // A host block's rows (slab layout above); consecutive slots are k_row_bytes apart.
+  // Whether this pool's K runs are tiles: each 16 slots from a multiple of 16 are one key tile
+  // (kv_format.h) of 16 * k_row_bytes bytes. Only for host storage (device pools hold rows).
+  bool k_tiled() const { return k_tiled_; }
+  // The K row of one slot of a host block, encoded from src / copied out in kv_row_bytes layout,
+  // whatever the pool's layout.
+  void store_k_row(int block, int layer, int slot, int head, const float* src) const;
+  void put_k_row(int block, int layer, int slot, int head, const void* row) const;
+  void get_k_row(int block, int layer, int slot, int head, void* row) const;
+
+  // A host block's rows (slab layout above); consecutive slots are k_row_bytes apart. On a tiled
+  // pool k_row is only a row for a slot that opens a tile (a multiple of 16): that tile's start.
   uint8_t* k_row(int block, int layer, int slot, int head) const {
     return blocks_[block].k + layer * slab_layer_ + (static_cast<size_t>(head) * slab_run_ + slot) * k_row_;
   }
@@ -117,6 +131,7 @@ class KvPool {
   KvGeometry g_;
   std::shared_ptr<KvBudget> budget_;
   bool host_storage_ = true;
+  bool k_tiled_ = false;
   size_t k_row_, v_row_;
   size_t k_part_;       // bytes of the K part of one layer in a block
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block

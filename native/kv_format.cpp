@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "quant.h"
 
@@ -123,6 +124,41 @@ void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim) {
       store_q4_0(src, static_cast<BlockQ4_0*>(dst), head_dim);
       return;
   }
+}
+
+bool kv_format_tiles(KvFormat f) {
+  return f == KvFormat::Q8_0 || f == KvFormat::Q4_0;
+}
+
+namespace {
+
+// Calls fn(row_offset, tile_offset, bytes) for each piece of row r of a tile (layout in kv_format.h).
+template <typename Fn>
+void for_each_tile_piece(KvFormat f, int r, int head_dim, Fn&& fn) {
+  if (!kv_format_tiles(f)) throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) + " has no tiles");
+  if (r < 0 || r >= kKeyTileRows) throw std::invalid_argument("KV tile row " + std::to_string(r) + " is outside 0..15");
+  const size_t block = f == KvFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+  const size_t nb = kv_row_bytes(f, head_dim) / block;
+  const size_t groups = (block - sizeof(uint16_t)) / 4;  // 4-byte groups of a block's quants
+  const size_t rr = static_cast<size_t>(r);
+  for (size_t b = 0; b < nb; ++b) {
+    fn(b * block, 2 * (kKeyTileRows * b + rr), sizeof(uint16_t));
+    for (size_t k = 0; k < groups; ++k) {
+      fn(b * block + sizeof(uint16_t) + 4 * k, 32 * nb + 64 * (groups * b + k) + 4 * rr, size_t{4});
+    }
+  }
+}
+
+}  // namespace
+
+void kv_tile_put_row(KvFormat f, const void* row, uint8_t* tile, int r, int head_dim) {
+  const auto* src = static_cast<const uint8_t*>(row);
+  for_each_tile_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(tile + to, src + ro, n); });
+}
+
+void kv_tile_get_row(KvFormat f, const uint8_t* tile, int r, void* row, int head_dim) {
+  auto* dst = static_cast<uint8_t*>(row);
+  for_each_tile_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(dst + ro, tile + to, n); });
 }
 
 }  // namespace kvs

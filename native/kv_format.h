@@ -27,4 +27,20 @@ size_t kv_row_bytes(KvFormat f, int head_dim);
 // Encode one row (scalar code for every ISA so stored bytes never depend on the machine).
 void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim);
 
+// Key tiles: a CPU pool whose kernels score keys 16 rows at a time (Kernels::key_tiles) stores the
+// q8_0 and q4_0 K rows of each 16 consecutive slots of one (layer, kv head) run as one tile, the same
+// bytes as the 16 rows permuted so that each 64-byte line holds one 4-byte group of all 16 rows (one
+// vector register, lane r = row r): the scores then need no transpose and no scale gather.
+// With nb = head_dim / 32 blocks a row, a tile of 16 * kv_row_bytes bytes is
+//   [block b][row r]: the f16 scale d of row r's block b, 2 bytes at 2 * (16 b + r)  (32 nb bytes)
+//   then [block b][group k][row r]: bytes qs[4k .. 4k + 3] of row r's block b, 4 bytes at
+//   32 nb + 64 (G b + k) + 4 r, G = 8 groups (q8_0, int8) or 4 (q4_0, packed nibbles as stored).
+// Snapshots, device pools and every other reader see rows (kv_tile_get_row / kv_tile_put_row).
+constexpr int kKeyTileRows = 16;
+// Formats that have a tile layout: q8_0 and q4_0.
+bool kv_format_tiles(KvFormat f);
+// Row r (0..15) of a tile <-> one row in kv_row_bytes(f, head_dim) layout.
+void kv_tile_put_row(KvFormat f, const void* row, uint8_t* tile, int r, int head_dim);
+void kv_tile_get_row(KvFormat f, const uint8_t* tile, int r, void* row, int head_dim);
+
 }  // namespace kvs

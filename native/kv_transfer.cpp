@@ -66,11 +66,15 @@ uint64_t payload_size(const uint8_t* layer_swa, uint64_t n_layer, uint64_t n_hea
 }
 
 // Calls fn(layer, is_k, p0, cnt, row) for each run of cnt consecutive positions from p0 inside
-// one block (row: the first one's bytes), in the snapshot's row order.
+// one block (row: the first one's bytes, cnt rows of kv_row_bytes), in the snapshot's row order.
+// A tiled pool's keys (kv_format.h) pass through a copy in row layout: read from the tiles before
+// fn, and when `writes`, the rows fn changed written back after it (rows it leaves alone, such as
+// those held through prefix sharing, are not written).
 template <typename Fn>
 void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, const std::vector<int>& blocks,
                   const std::vector<int>& swa_blocks, int n_past, int swa_from, const KvBlockBytes& block_bytes,
-                  Fn&& fn) {
+                  bool writes, Fn&& fn) {
+  std::vector<uint8_t> rows, was;  // a tiled run's keys in row layout: as fn sees them, as they were
   for (int l = 0; l < c.n_layer; ++l) {
     const bool swa = is_sliding(c, l);
     const KvPool& pool = swa ? *swa_kv : *kv;
@@ -92,6 +96,22 @@ void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, 
           if (block_bytes) {
             row = block_bytes(swa, table[bi]) +
                   (part == 0 ? pool.k_row_offset(kl, off, h) : pool.v_row_offset(kl, off, h));
+          } else if (part == 0 && pool.k_tiled()) {
+            const size_t rb = pool.k_row_bytes();
+            rows.resize(static_cast<size_t>(cnt) * rb);
+            for (int j = 0; j < cnt; ++j) pool.get_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+            if (!writes) {
+              fn(l, true, p, cnt, rows.data());
+              continue;
+            }
+            was = rows;
+            fn(l, true, p, cnt, rows.data());
+            for (int j = 0; j < cnt; ++j) {
+              if (std::memcmp(rows.data() + j * rb, was.data() + j * rb, rb) != 0) {
+                pool.put_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+              }
+            }
+            continue;
           } else {
             row = part == 0 ? pool.k_row(table[bi], kl, off, h) : pool.v_row(table[bi], kl, off, h);
           }
@@ -170,7 +190,7 @@ std::string write_kv_snapshot(const KvSnapshotSource& src) {
   static const std::vector<int> no_blocks;
   const std::vector<int>& swa_blocks = src.swa_blocks != nullptr ? *src.swa_blocks : no_blocks;
   for_each_run(c, src.kv, src.swa_kv, *src.blocks, swa_blocks, src.n_past, static_cast<int>(h.swa_from),
-               src.block_bytes, [&](int, bool is_k, int, int cnt, const uint8_t* row) {
+               src.block_bytes, false, [&](int, bool is_k, int, int cnt, const uint8_t* row) {
                  const size_t bytes = static_cast<size_t>(cnt) * (is_k ? k_row : v_row);
                  std::memcpy(w, row, bytes);
                  w += bytes;
@@ -329,7 +349,7 @@ void write_kv_snapshot_rows(const KvSnapshot& snap, const ModelConfig& c, KvPool
   const size_t dst_k = kv.k_row_bytes(), dst_v = kv.v_row_bytes();
   std::vector<float> row(hd);  // (head_dim,) one row decoded to f32 for a conversion
   const uint8_t* r = snap.rows;
-  for_each_run(c, &kv, swa_kv, blocks, swa_blocks, snap.n_past, snap.swa_from, block_bytes,
+  for_each_run(c, &kv, swa_kv, blocks, swa_blocks, snap.n_past, snap.swa_from, block_bytes, true,
                [&](int layer, bool is_k, int p0, int cnt, uint8_t* dst) {
                  const KvFormat sf = is_k ? snap.k_format : snap.v_format;
                  const KvFormat df = is_k ? dst_kf : dst_vf;

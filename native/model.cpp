@@ -435,6 +435,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   const int q_dim = c.n_head * hd, nb = hd / kQK;
   const int chunk = std::max(bt, kChunkPositions / bt * bt);  // a whole number of blocks
   const bool int_keys = g.k_format == KvFormat::Q8_0 || g.k_format == KvFormat::Q4_0 || g.k_format == KvFormat::Q8_HEAD;
+  const bool tiled = kv.k_tiled();  // keys in 16-row tiles (kv_format.h)
   const float scale = c.attn_scale;
 
   ws.attn_tasks.clear();
@@ -502,6 +503,17 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         if (bi + kAheadBlocks <= last_block)
           prefetch_l2(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
         prefetch_l2(kv.v_row(blocks[bi], layer, 0, tk.kh), bt * v_stride);
+        if (tiled) {
+          // One tile at a time (a run of bt slots is bt / 16 tiles, a window may open inside one).
+          const uint8_t* run = kv.k_row(blocks[bi], layer, 0, tk.kh);
+          for (int j = 0, tc; j < cnt; j += tc) {
+            const int slot = off + j, first = slot / kKeyTileRows * kKeyTileRows;
+            tc = std::min(cnt - j, first + kKeyTileRows - slot);
+            kern.attn_scores_tile(g.k_format, run + first * k_stride, slot - first, tc, qq, G, hd,
+                                  s + (p0 - tk.begin) + j, chunk);
+          }
+          continue;
+        }
         kern.attn_scores(g.k_format, kv.k_row(blocks[bi], layer, off, tk.kh), k_stride, cnt, qs, qq, G, hd,
                          s + (p0 - tk.begin), chunk);
       }
@@ -782,7 +794,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
         const int pos = ws.row_pos[t];
         const int block = (*tables[t])[pos / bt];
         for (int h = 0; h < c.n_head_kv; ++h) {
-          kv_store_row(g.k_format, k + h * hd, P.k_row(block, kl, pos % bt, h), hd);
+          P.store_k_row(block, kl, pos % bt, h, k + h * hd);
           kv_store_row(g.v_format, v + h * hd, P.v_row(block, kl, pos % bt, h), hd);
         }
       }

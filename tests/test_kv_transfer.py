@@ -475,6 +475,30 @@ def test_import_shares_and_publishes_prefix_blocks(tiny_llama: Path) -> None:
     assert conv.memory()["prefix_tokens_reused"] == 0
 
 
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_key_tiles_ship_as_rows(tiny_llama: Path, kv: str) -> None:
+    """A CPU pool whose kernels have a tile body (AVX-512 VNNI) stores q8_0 / q4_0 keys as 16-row tiles
+    when block_tokens is a multiple of 16 (native/kv_format.h); a snapshot holds rows. A blob goes through a
+    row pool (block_tokens 5) and a tiled one (32, the second import sharing the first's full block) and comes
+    back byte for byte, and the tiled pool continues the session as the source does."""
+    src = Engine(tiny_llama, kv_k=kv, kv_v=kv, block_tokens=16)
+    s = src.add_sequence(PROMPT, Sampling(max_new_tokens=6))
+    drain(src, s)
+    blob = src.export_kv(s)
+    rows = Engine(tiny_llama, kv_k=kv, kv_v=kv, block_tokens=5)
+    assert rows.export_kv(rows.import_kv(blob)) == blob
+    tiles = Engine(tiny_llama, kv_k=kv, kv_v=kv, block_tokens=32)
+    assert not rows.memory()["key_tiles"] and src.memory()["key_tiles"] == (src.isa == "avx512")
+    assert tiles.memory()["key_tiles"] == src.memory()["key_tiles"]
+    a = tiles.import_kv(blob)
+    b = tiles.import_kv(blob)  # holds a's full block (42 positions: one of 32) instead of writing it
+    assert tiles.memory()["blocks_shared"] == 1
+    assert tiles.export_kv(a) == blob and tiles.export_kv(b) == blob
+    src.append(s, TURN2, Sampling(max_new_tokens=5))
+    tiles.append(a, TURN2, Sampling(max_new_tokens=5))
+    assert drain(tiles, a) == drain(src, s)
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 
 

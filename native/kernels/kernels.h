@@ -69,7 +69,27 @@ struct Kernels {
   // are; dot_q and dot_q_batch are its R = 1 case.
   void (*dot_q_rows)(GgmlType type, const void* const* w, int R, const BlockQ8A* a, int64_t a_stride, int T, int64_t n,
                      float* const* out, int64_t out_stride);
+  // Scores of positions off .. off + cnt - 1 (off + cnt <= 16) of one q8_0 / q4_0 key tile (kv_format.h):
+  // s[g*ld + j] = q_g . k_{off+j}, the same bits as attn_scores on those rows.
+  void (*attn_scores_tile)(KvFormat f, const uint8_t* tile, int off, int cnt, const BlockQ8A* qq, int G, int hd,
+                           float* s, int ld);
+  // Whether this level has a tile body, so that CPU pools store q8_0 / q4_0 keys as tiles (the others
+  // copy a tile's rows out and score them as rows).
+  bool key_tiles;
 };
+
+// (kMaxGroup, kMaxHeadDim) zero floats: the float queries a q8_0 / q4_0 score call does not read.
+const float* zero_queries();
+
+// attn_scores_tile for a level without a tile body: the rows copied out of the tile, then its row body.
+template <auto Scores>
+void attn_scores_tile_rows(KvFormat f, const uint8_t* tile, int off, int cnt, const BlockQ8A* qq, int G, int hd,
+                           float* s, int ld) {
+  uint8_t rows[kKeyTileRows * (kMaxHeadDim / kQK) * sizeof(BlockQ8_0)];
+  const size_t rb = kv_row_bytes(f, hd);
+  for (int j = 0; j < cnt; ++j) kv_tile_get_row(f, tile, off + j, rows + j * rb, hd);
+  Scores(f, rows, rb, cnt, zero_queries(), qq, G, hd, s, ld);
+}
 
 // x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).
 void quantize_head(const float* x, BlockQ8A* out, int n);

@@ -484,9 +484,16 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
   }
 }
 
+const float* zero_queries() {
+  static const std::vector<float> zeros(static_cast<size_t>(kMaxGroup) * kMaxHeadDim, 0.0f);
+  return zeros.data();
+}
+
 const Kernels& kernels_ref() {
-  static const Kernels k{"ref",       dot_f32,     axpy_f32,   dequant_row, kv_load_row, quantize_act, dot_q,
-                         dot_q_batch, attn_scores, attn_accum, exp_sum,     silu_mul,    dot_q_rows};
+  static const Kernels k{
+      "ref",       dot_f32,     axpy_f32,   dequant_row, kv_load_row, quantize_act, dot_q,
+      dot_q_batch, attn_scores, attn_accum, exp_sum,     silu_mul,    dot_q_rows,   attn_scores_tile_rows<attn_scores>,
+      false};
   return k;
 }
 

@@ -6,7 +6,9 @@
 // Attention mode: one decode step's attention over a deep context (every layer's K/V well past the
 // last-level cache), cut into 16-position blocks as the engine's cache is, one thread. Prints ns per
 // K/V row (all G query heads) for the scores, the softmax numerators and the V sums apart and together.
-//   kvs_kernel_bench attn [level] [kv format] [positions] [layers] [G] [head_dim] [reps]
+// Keys are stored as the engine's CPU pool stores them: in tiles where the level has a tile body
+// (kv_format.h), unless the last argument is "rows".
+//   kvs_kernel_bench attn [level] [kv format] [positions] [layers] [G] [head_dim] [reps] [tiles|rows]
 //   e.g. kvs_kernel_bench attn avx512 q4_0 8150 30 3 64 5
 #include <algorithm>
 #include <chrono>
@@ -37,6 +39,7 @@ int attention_bench(int argc, char** argv) {
   const int reps = argc > 8 ? std::atoi(argv[8]) : 5;
   constexpr int kBlock = 16;
   const Kernels& k = kernels_for(level);
+  const bool tiles = k.key_tiles && kv_format_tiles(f) && !(argc > 9 && std::string(argv[9]) == "rows");
   const size_t rb = kv_row_bytes(f, hd);
   const int n_blocks = (positions + kBlock - 1) / kBlock;
   std::mt19937 rng(7);
@@ -51,10 +54,16 @@ int attention_bench(int argc, char** argv) {
   uint8_t* const kbase = aligned(kmem);
   uint8_t* const vbase = aligned(vmem);
   std::vector<float> row(hd);
+  std::vector<uint8_t> enc(rb);
   for (size_t b = 0; b < n_slots; ++b) {
     for (int j = 0; j < kBlock; ++j) {
       for (auto& x : row) x = nd(rng);
-      kv_store_row(f, row.data(), kbase + b * slot + j * rb, hd);
+      if (tiles) {
+        kv_store_row(f, row.data(), enc.data(), hd);
+        kv_tile_put_row(f, enc.data(), kbase + b * slot, j, hd);
+      } else {
+        kv_store_row(f, row.data(), kbase + b * slot + j * rb, hd);
+      }
       kv_store_row(f, row.data(), vbase + b * slot + j * rb, hd);
     }
   }
@@ -73,7 +82,12 @@ int attention_bench(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       for (int bi = 0; bi < n_blocks; ++bi) {
         const int cnt = std::min(kBlock, positions - bi * kBlock);
-        k.attn_scores(f, blk(kbase, layer, bi), rb, cnt, q.data(), qq.data(), G, hd, s.data() + bi * kBlock, positions);
+        if (tiles) {
+          k.attn_scores_tile(f, blk(kbase, layer, bi), 0, cnt, qq.data(), G, hd, s.data() + bi * kBlock, positions);
+        } else {
+          k.attn_scores(f, blk(kbase, layer, bi), rb, cnt, q.data(), qq.data(), G, hd, s.data() + bi * kBlock,
+                        positions);
+        }
       }
       auto t1 = std::chrono::steady_clock::now();
       for (int g = 0; g < G; ++g) sink += k.exp_sum(s.data() + g * positions, positions, 0.0f);
@@ -93,8 +107,11 @@ int attention_bench(int argc, char** argv) {
     best[3] = std::min(best[3], t[0] + t[1] + t[2]);
   }
   const double n_rows = static_cast<double>(positions) * layers;
-  std::printf("# attention %s %s, %d positions x %d layers, G=%d, hd=%d, %.1f MB of K+V, one thread, best of %d\n",
-              level.c_str(), kv_format_name(f), positions, layers, G, hd, 2.0 * n_rows * rb / 1e6, reps);
+  std::printf(
+      "# attention %s %s (keys as %s), %d positions x %d layers, G=%d, hd=%d, %.1f MB of K+V, one thread, "
+      "best of %d\n",
+      level.c_str(), kv_format_name(f), tiles ? "tiles" : "rows", positions, layers, G, hd, 2.0 * n_rows * rb / 1e6,
+      reps);
   std::printf("ns per K/V row: scores %.2f  exp %.2f  accum %.2f  all %.2f  (%.2f GB/s of K+V)  [%g]\n",
               best[0] * 1e9 / n_rows, best[1] * 1e9 / n_rows, best[2] * 1e9 / n_rows, best[3] * 1e9 / n_rows,
               2.0 * n_rows * rb / best[3] / 1e9, static_cast<double>(sink != 0.0f));

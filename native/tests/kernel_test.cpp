@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../kernels/kernels.h"
@@ -430,6 +431,63 @@ void test_level(const Kernels& k, const Kernels& ref) {
 
 // kv_store_row's int8 rounding, derived by hand: a block whose largest magnitude is 127 has d = 1, so
 // each value is stored as itself rounded to the nearest integer, ties to even.
+// Key tiles (kv_format.h): the layout at hand-derived offsets, the round trip, and each level's tile
+// body against its own row body on the same rows, bit for bit, for whole and partial tiles.
+void test_key_tiles(const Kernels& k, const Kernels& ref) {
+  const std::string L = k.name;
+  std::mt19937 rng(31);
+  for (const KvFormat f : {KvFormat::Q8_0, KvFormat::Q4_0}) {
+    for (const int hd : {64, 96, 128}) {
+      const int nb = hd / kQK;
+      const size_t rb = kv_row_bytes(f, hd);
+      const size_t blk = f == KvFormat::Q8_0 ? 34 : 18;  // ggml block bytes: f16 scale + quants
+      std::vector<uint8_t> rows(rb * kKeyTileRows), tile(rb * kKeyTileRows, 0), back(rb);
+      for (int j = 0; j < kKeyTileRows; ++j) {
+        if (j % 4 == 3) {
+          // Raw quant bytes (every int8 including -128, every nibble) under a sane scale.
+          for (size_t i = 0; i < rb; ++i) rows[j * rb + i] = static_cast<uint8_t>(rng());
+          for (int b = 0; b < nb; ++b) {
+            const uint16_t d = fp32_to_fp16(0.01f * static_cast<float>(1 + b));
+            std::memcpy(&rows[j * rb + b * blk], &d, sizeof d);
+          }
+        } else {
+          auto x = randn(rng, hd, 1.0f);
+          kv_store_row(f, x.data(), rows.data() + j * rb, hd);
+        }
+        kv_tile_put_row(f, rows.data() + j * rb, tile.data(), j, hd);
+      }
+      bool ok = true;
+      for (int j = 0; j < kKeyTileRows; ++j) {
+        kv_tile_get_row(f, tile.data(), j, back.data(), hd);
+        ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
+      }
+      // Row 5: block 1's scale at 2 * (16 + 5); block 1's quant bytes 4..7 (group 1) at
+      // 32 nb + 64 * (groups * 1 + 1) + 4 * 5, groups = 8 (q8_0) or 4 (q4_0).
+      const size_t groups = f == KvFormat::Q8_0 ? 8 : 4;
+      ok = ok && std::memcmp(&tile[2 * (16 + 5)], &rows[5 * rb + blk], 2) == 0;
+      ok = ok && std::memcmp(&tile[32 * nb + 64 * (groups + 1) + 20], &rows[5 * rb + blk + 2 + 4], 4) == 0;
+      check(ok, L + " key tile layout and round trip " + kv_format_name(f) + " hd=" + std::to_string(hd));
+      for (const int G : {1, 2, 3, 5, 8, 12}) {
+        auto q = randn(rng, static_cast<size_t>(G) * hd, 1.0f);
+        std::vector<BlockQ8A> qq(static_cast<size_t>(G) * nb);
+        for (int g = 0; g < G; ++g) ref.quantize_act(q.data() + g * hd, qq.data() + g * nb, hd);
+        const int ld = 20;
+        for (const auto& [off, cnt] : {std::pair{0, 16}, {0, 1}, {3, 9}, {15, 1}, {7, 9}}) {
+          std::vector<float> s1(G * ld, NAN), s2(G * ld, NAN);
+          k.attn_scores_tile(f, tile.data(), off, cnt, qq.data(), G, hd, s1.data(), ld);
+          k.attn_scores(f, rows.data() + off * rb, rb, cnt, q.data(), qq.data(), G, hd, s2.data(), ld);
+          bool same = true;
+          for (int i = 0; i < G * ld; ++i) {
+            same = same && (i % ld < cnt ? s1[i] == s2[i] : std::isnan(s1[i]));
+          }
+          check(same, L + " attn_scores_tile " + kv_format_name(f) + " hd=" + std::to_string(hd) +
+                          " G=" + std::to_string(G) + " off=" + std::to_string(off) + " cnt=" + std::to_string(cnt));
+        }
+      }
+    }
+  }
+}
+
 void test_kv_store_rounding() {
   float x[kQK] = {127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 126.5f, 0.49999997f, -127.0f, 1.5f, -1.5f, 0.5f, 64.5f};
   const int8_t want[12] = {127, 2, 4, -2, 0, 126, 0, -127, 2, -2, 0, 64};
@@ -510,6 +568,7 @@ int main() {
     levels += level + " ";
     test_level(kernels_for(level), ref);
     test_draw(kernels_for(level));
+    test_key_tiles(kernels_for(level), ref);
     if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
   test_kv_store_rounding();
