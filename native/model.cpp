@@ -466,6 +466,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   // time (bench/ab_builds.py --metric attention_ms, 3 alternated rounds, 2026-12-02). 8 blocks ahead
   // instead of 4 changed nothing.
   constexpr int kAheadBlocks = 4;
+  constexpr int kPass2Blocks = 32;  // the next task's key blocks pass 2 asks for (a chunk at block_tokens 16)
   auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
   };
@@ -476,6 +477,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
     float* qs = s + static_cast<size_t>(G) * chunk;  // (G, hd) queries pre-multiplied by 1/sqrt(hd)
     BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];    // (G, nb) quantized queries
     int prepared_for = -1;
+    int k_ready = 0;  // leading key blocks of the task asked for by the one before it
     for (int64_t task = b; task < e; ++task) {
       const AttnTask& tk = ws.attn_tasks[task];
       const std::vector<int>& blocks = *row_blocks[tk.t];
@@ -492,15 +494,19 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       }
       const int n = tk.end - tk.begin;
       const int last_block = (tk.end - 1) / bt;
-      for (int bi = tk.begin / bt; bi <= std::min(last_block, tk.begin / bt + kAheadBlocks - 1); ++bi) {
+      // The first blocks' keys, unless the previous task's pass 2 asked for them (below): k_ready
+      // leading blocks of this task have been asked for.
+      const int first_block = tk.begin / bt;
+      for (int bi = first_block + k_ready; bi <= std::min(last_block, first_block + kAheadBlocks - 1); ++bi) {
         prefetch_l2(kv.k_row(blocks[bi], layer, 0, tk.kh), bt * k_stride);
       }
+      k_ready = std::max(k_ready, kAheadBlocks);
       // Pass 1: every score of the chunk, one KV block at a time (a sliding window's
       // chunk may start inside a block: its first run is shorter).
       for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt, bi = p0 / bt;
         cnt = std::min(bt - off, tk.end - p0);
-        if (bi + kAheadBlocks <= last_block)
+        if (bi + kAheadBlocks <= last_block && bi + kAheadBlocks - first_block >= k_ready)
           prefetch_l2(kv.k_row(blocks[bi + kAheadBlocks], layer, 0, tk.kh), bt * k_stride);
         prefetch_l2(kv.v_row(blocks[bi], layer, 0, tk.kh), bt * v_stride);
         if (tiled) {
@@ -526,14 +532,26 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         m[i] = row_max(si, n);
         lsum[i] = kern.exp_sum(si, n, m[i]);
       }
-      // Pass 2: weighted sum of the V rows.
+      // Pass 2: weighted sum of the V rows (in L2 since pass 1). Its sums keep the core busy while
+      // the memory is idle, so it asks for the keys of this thread's next task meanwhile: one block
+      // per V block, the first kPass2Blocks of them (pass 1 asks for the rest as now).
+      const AttnTask* next = task + 1 < e ? &ws.attn_tasks[task + 1] : nullptr;
+      const std::vector<int>* next_blocks = next ? row_blocks[next->t] : nullptr;
+      const int next_first = next ? next->begin / bt : 0;
+      const int next_end = next ? std::min((next->end - 1) / bt + 1, next_first + kPass2Blocks) : 0;
+      int next_bi = next_first;
       std::fill(acc, acc + static_cast<size_t>(G) * hd, 0.0f);
       for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt;
         cnt = std::min(bt - off, tk.end - p0);
+        if (next_bi < next_end) {
+          prefetch_l2(kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh), bt * k_stride);
+          ++next_bi;
+        }
         kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
                         chunk, acc, G, hd);
       }
+      k_ready = next_bi - next_first;
       if (ws.attn_first[pair + 1] - ws.attn_first[pair] == 1) {
         // The pair's only chunk: its output is acc / l, the merge's arithmetic for one partial
         // (weight exp(m - m) = 1), written here instead of in a second loop.
