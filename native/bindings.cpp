@@ -625,6 +625,7 @@ PYBIND11_MODULE(_native, m) {
         d["scratch_bytes"] = s.scratch_bytes;
         d["sequences"] = s.sequences;
         d["key_tiles"] = s.key_tiles;
+        d["value_tiles"] = s.value_tiles;
         return d;
       });
 

@@ -29,6 +29,7 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   g.v_format = kv_format_from_string(opt.kv_v);
   g.block_tokens = opt.block_tokens;
   g.key_tiles = kern_->key_tiles;
+  g.value_tiles = kern_->value_tiles;
   if (c.n_layer_swa == 0) {
     kv_ = std::make_unique<KvPool>(g, opt.kv_budget_bytes, opt.backend == "cpu");
   } else {
@@ -458,8 +459,11 @@ void Engine::fill_kv(int id, int n, uint64_t seed) {
           pool.store_k_row(block, kl, slot, h, row.data());
         }
         for (float& x : row) x = normal();
-        uint8_t* v_dst = host ? host + pool.v_row_offset(kl, slot, h) : pool.v_row(block, kl, slot, h);
-        kv_store_row(g.v_format, row.data(), v_dst, c.head_dim);
+        if (host) {
+          kv_store_row(g.v_format, row.data(), host + pool.v_row_offset(kl, slot, h), c.head_dim);
+        } else {
+          pool.store_v_row(block, kl, slot, h, row.data());
+        }
       }
     }
   }
@@ -571,6 +575,7 @@ MemoryStats Engine::memory() const {
   m.budget_bytes = kv_->budget_bytes();
   m.blocks_in_use = kv_->blocks_in_use();
   m.key_tiles = kv_->k_tiled();
+  m.value_tiles = kv_->v_tiled();
   // {block: positions filled}; a shared block counts once.
   std::unordered_map<int, int> filled;
   const int bt = kv_->geometry().block_tokens;

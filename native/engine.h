@@ -83,7 +83,8 @@ struct MemoryStats {
   size_t weight_bytes = 0;
   size_t scratch_bytes = 0;  // activations, logits and per-thread scratch
   int sequences = 0;
-  bool key_tiles = false;  // keys stored as 16-row tiles (kv_format.h)
+  bool key_tiles = false;    // keys stored as 16-row tiles (kv_format.h)
+  bool value_tiles = false;  // values stored as 16-row value tiles
 };
 
 struct SequenceInfo {

@@ -65,6 +65,7 @@ void KvPool::init() {
     throw std::invalid_argument("block_tokens must be between 1 and 64, got " + std::to_string(g.block_tokens));
   }
   k_tiled_ = g.key_tiles && host_storage_ && kv_format_tiles(g.k_format) && g.block_tokens % kKeyTileRows == 0;
+  v_tiled_ = g.value_tiles && host_storage_ && kv_format_tiles(g.v_format) && g.block_tokens % kKeyTileRows == 0;
   k_row_ = kv_row_bytes(g.k_format, g.head_dim);
   v_row_ = kv_row_bytes(g.v_format, g.head_dim);
   k_part_ = static_cast<size_t>(g.block_tokens) * g.n_kv_head * k_row_;
@@ -149,38 +150,65 @@ bool KvPool::release(int block) {
   return true;
 }
 
-void KvPool::put_k_row(int block, int layer, int slot, int head, const void* row) const {
-  if (!k_tiled_) {
-    std::memcpy(k_row(block, layer, slot, head), row, k_row_);
+void KvPool::put_row(int part, int block, int layer, int slot, int head, const void* row) const {
+  uint8_t* run = part == 0 ? k_row(block, layer, 0, head) : v_row(block, layer, 0, head);
+  const size_t rb = part == 0 ? k_row_ : v_row_;
+  if (!(part == 0 ? k_tiled_ : v_tiled_)) {
+    std::memcpy(run + slot * rb, row, rb);
     return;
   }
   const int first = slot / kKeyTileRows * kKeyTileRows;
-  kv_tile_put_row(g_.k_format, row, k_row(block, layer, first, head), slot - first, g_.head_dim);
+  kv_tile_put_row(part == 0 ? g_.k_format : g_.v_format, part == 0 ? KvTile::Keys : KvTile::Values, row,
+                  run + first * rb, slot - first, g_.head_dim);
 }
 
-void KvPool::get_k_row(int block, int layer, int slot, int head, void* row) const {
-  if (!k_tiled_) {
-    std::memcpy(row, k_row(block, layer, slot, head), k_row_);
+void KvPool::get_row(int part, int block, int layer, int slot, int head, void* row) const {
+  const uint8_t* run = part == 0 ? k_row(block, layer, 0, head) : v_row(block, layer, 0, head);
+  const size_t rb = part == 0 ? k_row_ : v_row_;
+  if (!(part == 0 ? k_tiled_ : v_tiled_)) {
+    std::memcpy(row, run + slot * rb, rb);
     return;
   }
   const int first = slot / kKeyTileRows * kKeyTileRows;
-  kv_tile_get_row(g_.k_format, k_row(block, layer, first, head), slot - first, row, g_.head_dim);
+  kv_tile_get_row(part == 0 ? g_.k_format : g_.v_format, part == 0 ? KvTile::Keys : KvTile::Values, run + first * rb,
+                  slot - first, row, g_.head_dim);
 }
 
-void KvPool::store_k_row(int block, int layer, int slot, int head, const float* src) const {
-  if (!k_tiled_) {
-    kv_store_row(g_.k_format, src, k_row(block, layer, slot, head), g_.head_dim);
+void KvPool::store_row(int part, int block, int layer, int slot, int head, const float* src) const {
+  const KvFormat f = part == 0 ? g_.k_format : g_.v_format;
+  const size_t rb = part == 0 ? k_row_ : v_row_;
+  if (!(part == 0 ? k_tiled_ : v_tiled_)) {
+    kv_store_row(f, src, part == 0 ? k_row(block, layer, slot, head) : v_row(block, layer, slot, head), g_.head_dim);
     return;
   }
   uint8_t local[2048];  // a q8_0 row of 1920 dims; wider heads take the heap
   std::vector<uint8_t> wide;
   uint8_t* enc = local;
-  if (k_row_ > sizeof local) {
-    wide.resize(k_row_);
+  if (rb > sizeof local) {
+    wide.resize(rb);
     enc = wide.data();
   }
-  kv_store_row(g_.k_format, src, enc, g_.head_dim);
-  put_k_row(block, layer, slot, head, enc);
+  kv_store_row(f, src, enc, g_.head_dim);
+  put_row(part, block, layer, slot, head, enc);
+}
+
+void KvPool::put_k_row(int block, int layer, int slot, int head, const void* row) const {
+  put_row(0, block, layer, slot, head, row);
+}
+void KvPool::get_k_row(int block, int layer, int slot, int head, void* row) const {
+  get_row(0, block, layer, slot, head, row);
+}
+void KvPool::store_k_row(int block, int layer, int slot, int head, const float* src) const {
+  store_row(0, block, layer, slot, head, src);
+}
+void KvPool::put_v_row(int block, int layer, int slot, int head, const void* row) const {
+  put_row(1, block, layer, slot, head, row);
+}
+void KvPool::get_v_row(int block, int layer, int slot, int head, void* row) const {
+  get_row(1, block, layer, slot, head, row);
+}
+void KvPool::store_v_row(int block, int layer, int slot, int head, const float* src) const {
+  store_row(1, block, layer, slot, head, src);
 }
 
 }  // namespace kvs

@@ -43,6 +43,8 @@ struct KvGeometry {
   // block_tokens a multiple of 16 (KvPool::k_tiled). The engine asks for it when its kernels have a
   // tile body (Kernels::key_tiles).
   bool key_tiles = false;
+  // The same for q8_0 / q4_0 values, as value tiles (KvPool::v_tiled, Kernels::value_tiles).
+  bool value_tiles = false;
 };
 
 // A byte budget shared by the pools of one engine. bytes == 0: no budget.
@@ -110,14 +112,19 @@ class KvPool {
   // Whether this pool's K runs are tiles: each 16 slots from a multiple of 16 are one key tile
   // (kv_format.h) of 16 * k_row_bytes bytes. Only for host storage (device pools hold rows).
   bool k_tiled() const { return k_tiled_; }
-  // The K row of one slot of a host block, encoded from src / copied out in kv_row_bytes layout,
+  // The same for V runs and value tiles.
+  bool v_tiled() const { return v_tiled_; }
+  // The K (V) row of one slot of a host block, encoded from src / copied out in kv_row_bytes layout,
   // whatever the pool's layout.
   void store_k_row(int block, int layer, int slot, int head, const float* src) const;
   void put_k_row(int block, int layer, int slot, int head, const void* row) const;
   void get_k_row(int block, int layer, int slot, int head, void* row) const;
+  void store_v_row(int block, int layer, int slot, int head, const float* src) const;
+  void put_v_row(int block, int layer, int slot, int head, const void* row) const;
+  void get_v_row(int block, int layer, int slot, int head, void* row) const;
 
   // A host block's rows (slab layout above); consecutive slots are k_row_bytes apart. On a tiled
-  // pool k_row is only a row for a slot that opens a tile (a multiple of 16): that tile's start.
+  // pool k_row (v_row) is only a row for a slot that opens a tile (a multiple of 16): that tile's start.
   uint8_t* k_row(int block, int layer, int slot, int head) const {
     return blocks_[block].k + layer * slab_layer_ + (static_cast<size_t>(head) * slab_run_ + slot) * k_row_;
   }
@@ -127,11 +134,16 @@ class KvPool {
 
  private:
   void init();
+  // put / get / store of one row of the K (part 0) or V (part 1) runs.
+  void put_row(int part, int block, int layer, int slot, int head, const void* row) const;
+  void get_row(int part, int block, int layer, int slot, int head, void* row) const;
+  void store_row(int part, int block, int layer, int slot, int head, const float* src) const;
 
   KvGeometry g_;
   std::shared_ptr<KvBudget> budget_;
   bool host_storage_ = true;
   bool k_tiled_ = false;
+  bool v_tiled_ = false;
   size_t k_row_, v_row_;
   size_t k_part_;       // bytes of the K part of one layer in a block
   size_t layer_bytes_;  // bytes of one layer (K and V) in a block

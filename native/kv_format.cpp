@@ -134,31 +134,39 @@ namespace {
 
 // Calls fn(row_offset, tile_offset, bytes) for each piece of row r of a tile (layout in kv_format.h).
 template <typename Fn>
-void for_each_tile_piece(KvFormat f, int r, int head_dim, Fn&& fn) {
+void for_each_tile_piece(KvFormat f, KvTile kind, int r, int head_dim, Fn&& fn) {
   if (!kv_format_tiles(f)) throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) + " has no tiles");
   if (r < 0 || r >= kKeyTileRows) throw std::invalid_argument("KV tile row " + std::to_string(r) + " is outside 0..15");
   const size_t block = f == KvFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
   const size_t nb = kv_row_bytes(f, head_dim) / block;
-  const size_t groups = (block - sizeof(uint16_t)) / 4;  // 4-byte groups of a block's quants
+  const size_t quants = block - sizeof(uint16_t);  // Q: bytes of a block's quants
   const size_t rr = static_cast<size_t>(r);
   for (size_t b = 0; b < nb; ++b) {
     fn(b * block, 2 * (kKeyTileRows * b + rr), sizeof(uint16_t));
-    for (size_t k = 0; k < groups; ++k) {
-      fn(b * block + sizeof(uint16_t) + 4 * k, 32 * nb + 64 * (groups * b + k) + 4 * rr, size_t{4});
+    if (kind == KvTile::Keys) {
+      const size_t groups = quants / 4;  // 4-byte groups of a block's quants
+      for (size_t k = 0; k < groups; ++k) {
+        fn(b * block + sizeof(uint16_t) + 4 * k, 32 * nb + 64 * (groups * b + k) + 4 * rr, size_t{4});
+      }
+    } else {
+      const size_t quad = 32 * nb + 4 * quants * (kKeyTileRows / 4 * b + rr / 4) + rr % 4;
+      for (size_t j = 0; j < quants; ++j) fn(b * block + sizeof(uint16_t) + j, quad + 4 * j, size_t{1});
     }
   }
 }
 
 }  // namespace
 
-void kv_tile_put_row(KvFormat f, const void* row, uint8_t* tile, int r, int head_dim) {
+void kv_tile_put_row(KvFormat f, KvTile kind, const void* row, uint8_t* tile, int r, int head_dim) {
   const auto* src = static_cast<const uint8_t*>(row);
-  for_each_tile_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(tile + to, src + ro, n); });
+  for_each_tile_piece(f, kind, r, head_dim,
+                      [&](size_t ro, size_t to, size_t n) { std::memcpy(tile + to, src + ro, n); });
 }
 
-void kv_tile_get_row(KvFormat f, const uint8_t* tile, int r, void* row, int head_dim) {
+void kv_tile_get_row(KvFormat f, KvTile kind, const uint8_t* tile, int r, void* row, int head_dim) {
   auto* dst = static_cast<uint8_t*>(row);
-  for_each_tile_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(dst + ro, tile + to, n); });
+  for_each_tile_piece(f, kind, r, head_dim,
+                      [&](size_t ro, size_t to, size_t n) { std::memcpy(dst + ro, tile + to, n); });
 }
 
 }  // namespace kvs

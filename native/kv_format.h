@@ -35,12 +35,19 @@ void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim);
 //   [block b][row r]: the f16 scale d of row r's block b, 2 bytes at 2 * (16 b + r)  (32 nb bytes)
 //   then [block b][group k][row r]: bytes qs[4k .. 4k + 3] of row r's block b, 4 bytes at
 //   32 nb + 64 (G b + k) + 4 r, G = 8 groups (q8_0, int8) or 4 (q4_0, packed nibbles as stored).
+// Value tiles (Kernels::value_tiles) hold the V rows of 16 slots for sums four rows at a time: the
+// scales as in a key tile, then [block b][row quad i][byte j][row r % 4]: byte qs[j] of row r's
+// block b (i = r / 4) at 32 nb + 4 Q (4 b + i) + 4 j + r % 4, with Q = 32 bytes a block (q8_0) or 16
+// (q4_0: byte j holds dims j and j + 16 as stored). So 4 Q bytes hold a quad's block: lane x (4 bytes)
+// of a q8_0 quad's first (second) 64-byte line is dim x (16 + x) of its 4 rows; a q4_0 quad's one
+// line holds dims 0-15 in its low nibbles and 16-31 in its high ones, in the same order.
 // Snapshots, device pools and every other reader see rows (kv_tile_get_row / kv_tile_put_row).
 constexpr int kKeyTileRows = 16;
+enum class KvTile { Keys, Values };
 // Formats that have a tile layout: q8_0 and q4_0.
 bool kv_format_tiles(KvFormat f);
-// Row r (0..15) of a tile <-> one row in kv_row_bytes(f, head_dim) layout.
-void kv_tile_put_row(KvFormat f, const void* row, uint8_t* tile, int r, int head_dim);
-void kv_tile_get_row(KvFormat f, const uint8_t* tile, int r, void* row, int head_dim);
+// Row r (0..15) of a tile of the given kind <-> one row in kv_row_bytes(f, head_dim) layout.
+void kv_tile_put_row(KvFormat f, KvTile kind, const void* row, uint8_t* tile, int r, int head_dim);
+void kv_tile_get_row(KvFormat f, KvTile kind, const uint8_t* tile, int r, void* row, int head_dim);
 
 }  // namespace kvs

@@ -67,14 +67,14 @@ uint64_t payload_size(const uint8_t* layer_swa, uint64_t n_layer, uint64_t n_hea
 
 // Calls fn(layer, is_k, p0, cnt, row) for each run of cnt consecutive positions from p0 inside
 // one block (row: the first one's bytes, cnt rows of kv_row_bytes), in the snapshot's row order.
-// A tiled pool's keys (kv_format.h) pass through a copy in row layout: read from the tiles before
+// A tiled pool's keys and values (kv_format.h) pass through a copy in row layout: read from the tiles before
 // fn, and when `writes`, the rows fn changed written back after it (rows it leaves alone, such as
 // those held through prefix sharing, are not written).
 template <typename Fn>
 void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, const std::vector<int>& blocks,
                   const std::vector<int>& swa_blocks, int n_past, int swa_from, const KvBlockBytes& block_bytes,
                   bool writes, Fn&& fn) {
-  std::vector<uint8_t> rows, was;  // a tiled run's keys in row layout: as fn sees them, as they were
+  std::vector<uint8_t> rows, was;  // a tiled run's rows in row layout: as fn sees them, as they were
   for (int l = 0; l < c.n_layer; ++l) {
     const bool swa = is_sliding(c, l);
     const KvPool& pool = swa ? *swa_kv : *kv;
@@ -96,19 +96,28 @@ void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, 
           if (block_bytes) {
             row = block_bytes(swa, table[bi]) +
                   (part == 0 ? pool.k_row_offset(kl, off, h) : pool.v_row_offset(kl, off, h));
-          } else if (part == 0 && pool.k_tiled()) {
-            const size_t rb = pool.k_row_bytes();
+          } else if (part == 0 ? pool.k_tiled() : pool.v_tiled()) {
+            const size_t rb = part == 0 ? pool.k_row_bytes() : pool.v_row_bytes();
             rows.resize(static_cast<size_t>(cnt) * rb);
-            for (int j = 0; j < cnt; ++j) pool.get_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+            for (int j = 0; j < cnt; ++j) {
+              if (part == 0) {
+                pool.get_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+              } else {
+                pool.get_v_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+              }
+            }
             if (!writes) {
-              fn(l, true, p, cnt, rows.data());
+              fn(l, part == 0, p, cnt, rows.data());
               continue;
             }
             was = rows;
-            fn(l, true, p, cnt, rows.data());
+            fn(l, part == 0, p, cnt, rows.data());
             for (int j = 0; j < cnt; ++j) {
-              if (std::memcmp(rows.data() + j * rb, was.data() + j * rb, rb) != 0) {
+              if (std::memcmp(rows.data() + j * rb, was.data() + j * rb, rb) == 0) continue;
+              if (part == 0) {
                 pool.put_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+              } else {
+                pool.put_v_row(table[bi], kl, off + j, h, rows.data() + j * rb);
               }
             }
             continue;

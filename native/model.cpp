@@ -434,8 +434,10 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
   const int hd = c.head_dim, G = c.n_head / c.n_head_kv, bt = g.block_tokens, n_kv = c.n_head_kv;
   const int q_dim = c.n_head * hd, nb = hd / kQK;
   const int chunk = std::max(bt, kChunkPositions / bt * bt);  // a whole number of blocks
+  static_assert(kChunkPositions <= kValueTaskRows, "a chunk's V sums must fit attn_accum_tiles");
   const bool int_keys = g.k_format == KvFormat::Q8_0 || g.k_format == KvFormat::Q4_0 || g.k_format == KvFormat::Q8_HEAD;
-  const bool tiled = kv.k_tiled();  // keys in 16-row tiles (kv_format.h)
+  const bool tiled = kv.k_tiled();    // keys in 16-row tiles (kv_format.h)
+  const bool v_tiled = kv.v_tiled();  // values in 16-row value tiles
   const float scale = c.attn_scale;
 
   ws.attn_tasks.clear();
@@ -476,6 +478,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
     float* s = ws.thread_scratch[thread].data();     // (G, chunk) scores, then weights
     float* qs = s + static_cast<size_t>(G) * chunk;  // (G, hd) queries pre-multiplied by 1/sqrt(hd)
     BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];    // (G, nb) quantized queries
+    std::array<const uint8_t*, kValueTaskRows / kKeyTileRows + 1> v_tiles;  // a task's value tiles
     int prepared_for = -1;
     int k_ready = 0;  // leading key blocks of the task asked for by the one before it
     for (int64_t task = b; task < e; ++task) {
@@ -541,7 +544,20 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       const int next_end = next ? std::min((next->end - 1) / bt + 1, next_first + kPass2Blocks) : 0;
       int next_bi = next_first;
       std::fill(acc, acc + static_cast<size_t>(G) * hd, 0.0f);
-      for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
+      if (v_tiled) {
+        // Value tiles: one call for the task (its weights' powers of two span the chunk), its tiles
+        // in order (a sliding window's chunk may open inside one); the next task's keys asked for first.
+        for (; next_bi < next_end; ++next_bi) {
+          prefetch_l2(kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh), bt * k_stride);
+        }
+        const int first = tk.begin % kKeyTileRows;
+        int nt = 0;
+        for (int p = tk.begin - first; p < tk.end; p += kKeyTileRows) {
+          v_tiles[nt++] = kv.v_row(blocks[p / bt], layer, p % bt, tk.kh);
+        }
+        kern.attn_accum_tiles(g.v_format, v_tiles.data(), first, n, s, chunk, acc, G, hd);
+      }
+      for (int p0 = tk.begin, cnt; !v_tiled && p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt;
         cnt = std::min(bt - off, tk.end - p0);
         if (next_bi < next_end) {
@@ -780,7 +796,6 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
     const LayerWeights& L = layers_[l];
     const bool swa = c.layer_swa[l] != 0;
     KvPool& P = swa ? *swa_kv : kv;
-    const KvGeometry& g = P.geometry();
     const int kl = c.layer_kv_index[l];
     const std::vector<const std::vector<int>*>& tables = swa ? ws.row_swa_blocks : ws.row_blocks;
     const std::vector<float>& cs_table = swa ? rope_cs_swa : rope_cs;
@@ -813,7 +828,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
         const int block = (*tables[t])[pos / bt];
         for (int h = 0; h < c.n_head_kv; ++h) {
           P.store_k_row(block, kl, pos % bt, h, k + h * hd);
-          kv_store_row(g.v_format, v + h * hd, P.v_row(block, kl, pos % bt, h), hd);
+          P.store_v_row(block, kl, pos % bt, h, v + h * hd);
         }
       }
     });

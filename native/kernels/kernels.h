@@ -3,6 +3,8 @@
 // each ISA lives in its own file compiled with its own flags.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -76,7 +78,41 @@ struct Kernels {
   // Whether this level has a tile body, so that CPU pools store q8_0 / q4_0 keys as tiles (the others
   // copy a tile's rows out and score them as rows).
   bool key_tiles;
+  // The V sums of one attention task over q8_0 / q4_0 value tiles (kv_format.h), in integers. Row j
+  // (0 <= j < n <= kValueTaskRows) of the task is row (first + j) % 16 of tiles[(first + j) / 16], with
+  // weights w[g*ld + j]; d_jb is the f16 scale of its block b and q_jbx its int8 (q4_0: nibble - 8)
+  // values. For each query head g and block b (value_tile_exponent, value_tile_weight below):
+  //   e = value_tile_exponent(max_j |fl(w_gj d_jb)|), u_j = value_tile_weight(fl(w_gj d_jb) * 2^-e),
+  //   acc[g*hd + 32b + x] += float(sum_j u_j q_jbx) * 2^e, the sum exact (|u| <= 2^22).
+  // So each weight is rounded by 2^e / 2 at most, 2^-22 of the block's largest |w d| (a float V sum
+  // rounds each of its terms by 2^-24 of the running sum), and the sum is rounded once. Every level
+  // gives the same bits (ref.cpp is the arithmetic). Only a level with value_tiles true is handed tiles.
+  void (*attn_accum_tiles)(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld,
+                           float* acc, int G, int hd);
+  // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
+  bool value_tiles;
 };
+
+// Rows one attn_accum_tiles call sums, at most (a SIMD body's 8-bit partial sums stay inside int32).
+constexpr int kValueTaskRows = 1024;
+// attn_accum_tiles' power of two for a block whose largest |w d| is m: m * 2^-e in [2^21, 2^22), the
+// exponent clamped to [-100, 100] (0 and inf at the ends; m is never NaN).
+inline int value_tile_exponent(float m) {
+  if (!(m > 0.0f)) return -100;
+  if (m > 3.4028235e38f) return 100;
+  return std::clamp(std::ilogb(m) - 21, -100, 100);
+}
+// attn_accum_tiles' weight: x rounded to the nearest integer, ties to even (|x| <= 2^22 whenever the
+// scales are finite). Beyond that (an infinite or NaN scale) the SIMD bodies' arithmetic: cvtps2dq
+// (INT32_MIN when out of range) plus 2^22, kept to 24 bits (the three weight bytes), minus 2^22.
+inline int32_t value_tile_weight(float x) {
+  const float r = std::nearbyint(x);
+  const int64_t i = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int64_t>(r) : INT32_MIN;
+  return static_cast<int32_t>(((i + (int64_t{1} << 22)) & ((int64_t{1} << 24) - 1)) - (int64_t{1} << 22));
+}
+// The reference body of attn_accum_tiles (the levels without their own point their table to it).
+void attn_accum_tiles_ref(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld, float* acc,
+                          int G, int hd);
 
 // (kMaxGroup, kMaxHeadDim) zero floats: the float queries a q8_0 / q4_0 score call does not read.
 const float* zero_queries();
@@ -87,7 +123,7 @@ void attn_scores_tile_rows(KvFormat f, const uint8_t* tile, int off, int cnt, co
                            float* s, int ld) {
   uint8_t rows[kKeyTileRows * (kMaxHeadDim / kQK) * sizeof(BlockQ8_0)];
   const size_t rb = kv_row_bytes(f, hd);
-  for (int j = 0; j < cnt; ++j) kv_tile_get_row(f, tile, off + j, rows + j * rb, hd);
+  for (int j = 0; j < cnt; ++j) kv_tile_get_row(f, KvTile::Keys, tile, off + j, rows + j * rb, hd);
   Scores(f, rows, rb, cnt, zero_queries(), qq, G, hd, s, ld);
 }
 

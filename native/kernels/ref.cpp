@@ -1,6 +1,8 @@
 // Scalar reference kernels: the definition every SIMD level must match.
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "kernels.h"
 
@@ -484,16 +486,66 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
   }
 }
 
+void attn_accum_tiles_ref(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld, float* acc,
+                          int G, int hd) {
+  if (!kv_format_tiles(f) || hd % kQK != 0 || first < 0 || first >= kKeyTileRows || n < 0 || n > kValueTaskRows) {
+    throw std::invalid_argument("attn_accum_tiles: " + std::string(kv_format_name(f)) + " values, first " +
+                                std::to_string(first) + ", " + std::to_string(n) + " rows, head_dim " +
+                                std::to_string(hd) + " (q8_0 / q4_0, first < 16, at most 1024 rows)");
+  }
+  const int nb = hd / kQK;
+  const int quants = f == KvFormat::Q8_0 ? kQK : kQK / 2;  // Q: bytes of a block's values
+  auto tile_of = [&](int j) { return tiles[(first + j) / kKeyTileRows]; };
+  auto scale = [&](int j, int b) {
+    uint16_t h;
+    std::memcpy(&h, tile_of(j) + 2 * (kKeyTileRows * b + (first + j) % kKeyTileRows), sizeof h);
+    return fp16_to_fp32(h);
+  };
+  // Dim x of row j's block b (layout in kv_format.h).
+  auto value = [&](int j, int b, int x) {
+    const int r = (first + j) % kKeyTileRows;
+    const uint8_t* quad = tile_of(j) + 32 * nb + 4 * quants * (kKeyTileRows / 4 * b + r / 4) + r % 4;
+    if (f == KvFormat::Q8_0) return static_cast<int>(static_cast<int8_t>(quad[4 * x]));
+    const uint8_t byte = quad[4 * (x % 16)];
+    return (x < 16 ? byte & 0x0f : byte >> 4) - 8;
+  };
+  for (int g = 0; g < G; ++g) {
+    const float* wg = w + static_cast<size_t>(g) * ld;
+    for (int b = 0; b < nb; ++b) {
+      float m = 0.0f;
+      for (int j = 0; j < n; ++j) {
+        const float p = std::fabs(wg[j] * scale(j, b));
+        if (p > m) m = p;  // a NaN never replaces m (vmaxps keeps its second operand)
+      }
+      const int e = value_tile_exponent(m);
+      const float up = std::ldexp(1.0f, -e), down = std::ldexp(1.0f, e);
+      int64_t sum[kQK] = {};
+      for (int j = 0; j < n; ++j) {
+        const float p = wg[j] * scale(j, b);
+        const int32_t u = value_tile_weight(p * up);
+        for (int x = 0; x < kQK; ++x) sum[x] += static_cast<int64_t>(u) * value(j, b, x);
+      }
+      float* a = acc + static_cast<size_t>(g) * hd + b * kQK;
+      for (int x = 0; x < kQK; ++x) a[x] += static_cast<float>(sum[x]) * down;
+    }
+  }
+}
+
 const float* zero_queries() {
   static const std::vector<float> zeros(static_cast<size_t>(kMaxGroup) * kMaxHeadDim, 0.0f);
   return zeros.data();
 }
 
 const Kernels& kernels_ref() {
-  static const Kernels k{
-      "ref",       dot_f32,     axpy_f32,   dequant_row, kv_load_row, quantize_act, dot_q,
-      dot_q_batch, attn_scores, attn_accum, exp_sum,     silu_mul,    dot_q_rows,   attn_scores_tile_rows<attn_scores>,
-      false};
+  static const Kernels k{"ref",       dot_f32,
+                         axpy_f32,    dequant_row,
+                         kv_load_row, quantize_act,
+                         dot_q,       dot_q_batch,
+                         attn_scores, attn_accum,
+                         exp_sum,     silu_mul,
+                         dot_q_rows,  attn_scores_tile_rows<attn_scores>,
+                         false,       attn_accum_tiles_ref,
+                         false};
   return k;
 }
 

@@ -39,7 +39,11 @@ int attention_bench(int argc, char** argv) {
   const int reps = argc > 8 ? std::atoi(argv[8]) : 5;
   constexpr int kBlock = 16;
   const Kernels& k = kernels_for(level);
-  const bool tiles = k.key_tiles && kv_format_tiles(f) && !(argc > 9 && std::string(argv[9]) == "rows");
+  // Layout (argument 9): "rows", "tiles" (key tiles, V rows) or, by default, key and value tiles where the level
+  // has them.
+  const std::string layout = argc > 9 ? argv[9] : "vtiles";
+  const bool tiles = k.key_tiles && kv_format_tiles(f) && layout != "rows";
+  const bool vtiles = tiles && k.value_tiles && layout == "vtiles";
   const size_t rb = kv_row_bytes(f, hd);
   const int n_blocks = (positions + kBlock - 1) / kBlock;
   std::mt19937 rng(7);
@@ -60,11 +64,16 @@ int attention_bench(int argc, char** argv) {
       for (auto& x : row) x = nd(rng);
       if (tiles) {
         kv_store_row(f, row.data(), enc.data(), hd);
-        kv_tile_put_row(f, enc.data(), kbase + b * slot, j, hd);
+        kv_tile_put_row(f, KvTile::Keys, enc.data(), kbase + b * slot, j, hd);
       } else {
         kv_store_row(f, row.data(), kbase + b * slot + j * rb, hd);
       }
-      kv_store_row(f, row.data(), vbase + b * slot + j * rb, hd);
+      if (vtiles) {
+        kv_store_row(f, row.data(), enc.data(), hd);
+        kv_tile_put_row(f, KvTile::Values, enc.data(), vbase + b * slot, j, hd);
+      } else {
+        kv_store_row(f, row.data(), vbase + b * slot + j * rb, hd);
+      }
     }
   }
   std::vector<float> q(static_cast<size_t>(G) * hd), s(static_cast<size_t>(G) * positions), acc(q.size());
@@ -93,7 +102,14 @@ int attention_bench(int argc, char** argv) {
       for (int g = 0; g < G; ++g) sink += k.exp_sum(s.data() + g * positions, positions, 0.0f);
       auto t2 = std::chrono::steady_clock::now();
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int bi = 0; bi < n_blocks; ++bi) {
+      // Value tiles: one call per 512 positions, as the engine's tasks.
+      for (int p0 = 0; vtiles && p0 < positions; p0 += 512) {
+        const uint8_t* list[512 / kBlock];
+        const int cnt = std::min(512, positions - p0);
+        for (int t = 0; t < (cnt + kBlock - 1) / kBlock; ++t) list[t] = blk(vbase, layer, p0 / kBlock + t);
+        k.attn_accum_tiles(f, list, 0, cnt, s.data() + p0, positions, acc.data(), G, hd);
+      }
+      for (int bi = 0; !vtiles && bi < n_blocks; ++bi) {
         const int cnt = std::min(kBlock, positions - bi * kBlock);
         k.attn_accum(f, blk(vbase, layer, bi), rb, cnt, s.data() + bi * kBlock, positions, acc.data(), G, hd);
       }
@@ -108,10 +124,11 @@ int attention_bench(int argc, char** argv) {
   }
   const double n_rows = static_cast<double>(positions) * layers;
   std::printf(
-      "# attention %s %s (keys as %s), %d positions x %d layers, G=%d, hd=%d, %.1f MB of K+V, one thread, "
+      "# attention %s %s (keys as %s, values as %s), %d positions x %d layers, G=%d, hd=%d, %.1f MB of K+V, one "
+      "thread, "
       "best of %d\n",
-      level.c_str(), kv_format_name(f), tiles ? "tiles" : "rows", positions, layers, G, hd, 2.0 * n_rows * rb / 1e6,
-      reps);
+      level.c_str(), kv_format_name(f), tiles ? "tiles" : "rows", vtiles ? "tiles" : "rows", positions, layers, G, hd,
+      2.0 * n_rows * rb / 1e6, reps);
   std::printf("ns per K/V row: scores %.2f  exp %.2f  accum %.2f  all %.2f  (%.2f GB/s of K+V)  [%g]\n",
               best[0] * 1e9 / n_rows, best[1] * 1e9 / n_rows, best[2] * 1e9 / n_rows, best[3] * 1e9 / n_rows,
               2.0 * n_rows * rb / best[3] / 1e9, static_cast<double>(sink != 0.0f));

@@ -454,11 +454,11 @@ void test_key_tiles(const Kernels& k, const Kernels& ref) {
           auto x = randn(rng, hd, 1.0f);
           kv_store_row(f, x.data(), rows.data() + j * rb, hd);
         }
-        kv_tile_put_row(f, rows.data() + j * rb, tile.data(), j, hd);
+        kv_tile_put_row(f, KvTile::Keys, rows.data() + j * rb, tile.data(), j, hd);
       }
       bool ok = true;
       for (int j = 0; j < kKeyTileRows; ++j) {
-        kv_tile_get_row(f, tile.data(), j, back.data(), hd);
+        kv_tile_get_row(f, KvTile::Keys, tile.data(), j, back.data(), hd);
         ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
       }
       // Row 5: block 1's scale at 2 * (16 + 5); block 1's quant bytes 4..7 (group 1) at
@@ -482,6 +482,134 @@ void test_key_tiles(const Kernels& k, const Kernels& ref) {
           }
           check(same, L + " attn_scores_tile " + kv_format_name(f) + " hd=" + std::to_string(hd) +
                           " G=" + std::to_string(G) + " off=" + std::to_string(off) + " cnt=" + std::to_string(cnt));
+        }
+      }
+    }
+  }
+}
+
+// Value tiles (kv_format.h) and attn_accum_tiles (kernels.h): the layout at hand-derived offsets and
+// the round trip; a sum worked out by hand; each level against the reference bit for bit; the
+// reference inside its derived bound of a float64 sum.
+void test_value_tiles(const Kernels& k, const Kernels& ref) {
+  const std::string L = k.name;
+  std::mt19937 rng(37);
+  // By hand, one q8_0 block (hd 32), d = 1: row 0 weight 1, row 1 weight 1/3. The block's largest
+  // |w d| is 1 = 2^0, so e = 0 - 21 and u = (2^21, round(2^21 / 3) = 699051): the integer sum is
+  // q0 * 2^21 + q1 * 699051 (exact in float64), rounded once to float, times 2^-21.
+  {
+    const size_t rb = kv_row_bytes(KvFormat::Q8_0, kQK);
+    std::vector<uint8_t> tile(rb * kKeyTileRows, 0), row(rb);
+    BlockQ8_0 b0{}, b1{};
+    b0.d = b1.d = fp32_to_fp16(1.0f);
+    for (int x = 0; x < kQK; ++x) {
+      b0.qs[x] = static_cast<int8_t>(x - 16);
+      b1.qs[x] = static_cast<int8_t>(x % 2 != 0 ? 127 - x : -128 + x);
+    }
+    kv_tile_put_row(KvFormat::Q8_0, KvTile::Values, &b0, tile.data(), 0, kQK);
+    kv_tile_put_row(KvFormat::Q8_0, KvTile::Values, &b1, tile.data(), 1, kQK);
+    const float w[2] = {1.0f, 1.0f / 3.0f};
+    const uint8_t* tiles[1] = {tile.data()};
+    for (const Kernels* lv : {&ref, &k}) {
+      float acc[kQK] = {};
+      lv->attn_accum_tiles(KvFormat::Q8_0, tiles, 0, 2, w, 2, acc, 1, kQK);
+      bool ok = true;
+      for (int x = 0; x < kQK; ++x) {
+        const double want = (b0.qs[x] * 2097152.0 + b1.qs[x] * 699051.0) / 2097152.0;
+        ok = ok && acc[x] == static_cast<float>(want);
+      }
+      check(ok, L + " attn_accum_tiles by hand (" + lv->name + ")");
+    }
+  }
+  for (const KvFormat f : {KvFormat::Q8_0, KvFormat::Q4_0}) {
+    for (const int hd : {64, 96, 128}) {
+      const int nb = hd / kQK;
+      const size_t rb = kv_row_bytes(f, hd);
+      const size_t blk = f == KvFormat::Q8_0 ? 34 : 18;  // ggml block bytes: f16 scale + quants
+      const size_t quants = blk - 2;
+      constexpr int kTiles = 5;
+      const int rows_n = kTiles * kKeyTileRows;
+      std::vector<uint8_t> rows(rb * rows_n), tiles(rb * rows_n, 0xa5), back(rb);
+      for (int j = 0; j < rows_n; ++j) {
+        if (j % 7 == 3) {
+          // Raw quant bytes (every int8 including -128, every nibble) under a sane scale, some negative.
+          for (size_t i = 0; i < rb; ++i) rows[j * rb + i] = static_cast<uint8_t>(rng());
+          for (int b = 0; b < nb; ++b) {
+            const uint16_t d = fp32_to_fp16((j % 2 != 0 ? -0.01f : 0.02f) * static_cast<float>(1 + b));
+            std::memcpy(&rows[j * rb + b * blk], &d, sizeof d);
+          }
+        } else {
+          auto x = randn(rng, hd, j % 5 == 0 ? 4.0f : 1.0f);
+          kv_store_row(f, x.data(), rows.data() + j * rb, hd);
+        }
+        kv_tile_put_row(f, KvTile::Values, rows.data() + j * rb, tiles.data() + j / kKeyTileRows * kKeyTileRows * rb,
+                        j % kKeyTileRows, hd);
+      }
+      bool ok = true;
+      for (int j = 0; j < rows_n; ++j) {
+        kv_tile_get_row(f, KvTile::Values, tiles.data() + j / kKeyTileRows * kKeyTileRows * rb, j % kKeyTileRows,
+                        back.data(), hd);
+        ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
+      }
+      // Row 5 (quad 1, row 1 of it): block 1's scale at 2 * (16 + 5); block 1's quant byte 3 at
+      // 32 nb + 4 Q (4 * 1 + 1) + 4 * 3 + 1, Q = 32 (q8_0) or 16 (q4_0).
+      ok = ok && std::memcmp(&tiles[2 * (16 + 5)], &rows[5 * rb + blk], 2) == 0;
+      ok = ok && tiles[32 * nb + 4 * quants * 5 + 13] == rows[5 * rb + blk + 2 + 3];
+      check(ok, L + " value tile layout and round trip " + kv_format_name(f) + " hd=" + std::to_string(hd));
+      std::vector<const uint8_t*> list(kTiles);
+      for (int t = 0; t < kTiles; ++t) list[t] = tiles.data() + static_cast<size_t>(t) * kKeyTileRows * rb;
+      // int8 value x of row j's block b, from the ggml row (q4_0: byte x % 16, low nibble for x < 16).
+      auto q_of = [&](int j, int b, int x) {
+        const uint8_t* qs = &rows[j * rb + b * blk + 2];
+        if (f == KvFormat::Q8_0) return static_cast<double>(static_cast<int8_t>(qs[x]));
+        return static_cast<double>((x < 16 ? qs[x % 16] & 0x0f : qs[x % 16] >> 4) - 8);
+      };
+      auto d_of = [&](int j, int b) {
+        uint16_t h;
+        std::memcpy(&h, &rows[j * rb + b * blk], 2);
+        return static_cast<double>(fp16_to_fp32(h));
+      };
+      for (const int G : {1, 2, 3, 5, 8, 12}) {
+        for (const auto& [first, n] :
+             std::vector<std::pair<int, int>>{{0, 80}, {0, 1}, {3, 9}, {15, 1}, {7, 60}, {0, 0}}) {
+          const int ld = 83;
+          std::vector<float> w(static_cast<size_t>(G) * ld);
+          std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+          for (auto& x : w) x = std::exp(-12.0f * uw(rng));
+          w[0] = 1.0f;
+          if (G > 1) w[ld + 1] = 0.0f;
+          if (G > 2) w[2 * ld] = 1e-40f;  // subnormal
+          std::vector<float> a1(static_cast<size_t>(G) * hd), a2;
+          for (auto& x : a1) x = static_cast<float>(rng() % 5) - 2.0f;
+          a2 = a1;
+          const std::vector<float> a0 = a1;
+          k.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a1.data(), G, hd);
+          ref.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a2.data(), G, hd);
+          const std::string shape = std::string(kv_format_name(f)) + " hd=" + std::to_string(hd) +
+                                    " G=" + std::to_string(G) + " first=" + std::to_string(first) +
+                                    " n=" + std::to_string(n);
+          check(std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)) == 0, L + " attn_accum_tiles " + shape);
+          if (&k != &ref) continue;
+          // |ref - exact| <= sum_j (2^-22 M_b + 2^-23 |w d|) |q| + 2^-23 |a0|, M_b the block's largest |w d|:
+          // each weight rounded by 2^e / 2 <= 2^-22 M_b (M_b 2^-e >= 2^21), fl(w d) and the one float
+          // rounding of the sum by 2^-24 each, the add to acc by 2^-24 of the result.
+          bool inside = true;
+          for (int g = 0; g < G; ++g) {
+            for (int b = 0; b < nb; ++b) {
+              double m = 0.0;
+              for (int j = 0; j < n; ++j) m = std::max(m, std::fabs(w[g * ld + j] * d_of(first + j, b)));
+              for (int x = 0; x < kQK; ++x) {
+                double exact = a0[g * hd + b * kQK + x], bound = 2e-7 * std::fabs(exact) + 1e-30;
+                for (int j = 0; j < n; ++j) {
+                  const double wd = static_cast<double>(w[g * ld + j]) * d_of(first + j, b), q = q_of(first + j, b, x);
+                  exact += wd * q;
+                  bound += (std::ldexp(m, -22) + std::ldexp(std::fabs(wd), -23)) * std::fabs(q);
+                }
+                inside = inside && std::fabs(a2[g * hd + b * kQK + x] - exact) <= bound;
+              }
+            }
+          }
+          check(inside, "ref attn_accum_tiles inside its bound of float64 " + shape);
         }
       }
     }
@@ -569,6 +697,7 @@ int main() {
     test_level(kernels_for(level), ref);
     test_draw(kernels_for(level));
     test_key_tiles(kernels_for(level), ref);
+    test_value_tiles(kernels_for(level), ref);
     if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
   test_kv_store_rounding();
