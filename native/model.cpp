@@ -479,6 +479,7 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
     float* qs = s + static_cast<size_t>(G) * chunk;  // (G, hd) queries pre-multiplied by 1/sqrt(hd)
     BlockQ8A qq[kMaxGroup * (kMaxHeadDim / kQK)];    // (G, nb) quantized queries
     std::array<const uint8_t*, kValueTaskRows / kKeyTileRows + 1> v_tiles;  // a task's value tiles
+    std::array<const uint8_t*, kPass2Blocks> k_ahead;                       // the next task's key runs
     int prepared_for = -1;
     int k_ready = 0;  // leading key blocks of the task asked for by the one before it
     for (int64_t task = b; task < e; ++task) {
@@ -547,15 +548,17 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
       if (v_tiled) {
         // Value tiles: one call for the task (its weights' powers of two span the chunk), its tiles
         // in order (a sliding window's chunk may open inside one); the next task's keys asked for first.
+        int n_ahead = 0;
         for (; next_bi < next_end; ++next_bi) {
-          prefetch_l2(kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh), bt * k_stride);
+          k_ahead[n_ahead++] = kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh);
         }
         const int first = tk.begin % kKeyTileRows;
         int nt = 0;
         for (int p = tk.begin - first; p < tk.end; p += kKeyTileRows) {
           v_tiles[nt++] = kv.v_row(blocks[p / bt], layer, p % bt, tk.kh);
         }
-        kern.attn_accum_tiles(g.v_format, v_tiles.data(), first, n, s, chunk, acc, G, hd);
+        kern.attn_accum_tiles(g.v_format, v_tiles.data(), first, n, s, chunk, acc, G, hd,
+                              {k_ahead.data(), n_ahead, bt * k_stride});
       }
       for (int p0 = tk.begin, cnt; !v_tiled && p0 < tk.end; p0 += cnt) {
         const int off = p0 % bt;

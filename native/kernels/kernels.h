@@ -31,6 +31,13 @@ constexpr int kMaxGroup = 16;
 // Head dimension the attention kernels support, at most (stack buffers).
 constexpr int kMaxHeadDim = 512;
 
+// Memory a kernel asks for (prefetcht1, into L2) while it computes: n runs of `bytes` bytes.
+struct PrefetchRuns {
+  const uint8_t* const* runs = nullptr;
+  int n = 0;
+  size_t bytes = 0;
+};
+
 struct Kernels {
   const char* name;  // "ref", "avx2", ...
   // a (n,) . b (n,) -> scalar
@@ -87,8 +94,9 @@ struct Kernels {
   // So each weight is rounded by 2^e / 2 at most, 2^-22 of the block's largest |w d| (a float V sum
   // rounds each of its terms by 2^-24 of the running sum), and the sum is rounded once. Every level
   // gives the same bits (ref.cpp is the arithmetic). Only a level with value_tiles true is handed tiles.
+  // Meanwhile it asks for `ahead` (the next task's keys) into L2, one run per tile it sums.
   void (*attn_accum_tiles)(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld,
-                           float* acc, int G, int hd);
+                           float* acc, int G, int hd, const PrefetchRuns& ahead);
   // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
   bool value_tiles;
 };
@@ -112,7 +120,7 @@ inline int32_t value_tile_weight(float x) {
 }
 // The reference body of attn_accum_tiles (the levels without their own point their table to it).
 void attn_accum_tiles_ref(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld, float* acc,
-                          int G, int hd);
+                          int G, int hd, const PrefetchRuns& ahead);
 
 // (kMaxGroup, kMaxHeadDim) zero floats: the float queries a q8_0 / q4_0 score call does not read.
 const float* zero_queries();

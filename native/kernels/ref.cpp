@@ -487,7 +487,7 @@ void quantize_head(const float* x, BlockQ8A* out, int n) {
 }
 
 void attn_accum_tiles_ref(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld, float* acc,
-                          int G, int hd) {
+                          int G, int hd, const PrefetchRuns&) {
   if (!kv_format_tiles(f) || hd % kQK != 0 || first < 0 || first >= kKeyTileRows || n < 0 || n > kValueTaskRows) {
     throw std::invalid_argument("attn_accum_tiles: " + std::string(kv_format_name(f)) + " values, first " +
                                 std::to_string(first) + ", " + std::to_string(n) + " rows, head_dim " +

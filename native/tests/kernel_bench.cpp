@@ -107,7 +107,7 @@ int attention_bench(int argc, char** argv) {
         const uint8_t* list[512 / kBlock];
         const int cnt = std::min(512, positions - p0);
         for (int t = 0; t < (cnt + kBlock - 1) / kBlock; ++t) list[t] = blk(vbase, layer, p0 / kBlock + t);
-        k.attn_accum_tiles(f, list, 0, cnt, s.data() + p0, positions, acc.data(), G, hd);
+        k.attn_accum_tiles(f, list, 0, cnt, s.data() + p0, positions, acc.data(), G, hd, {});
       }
       for (int bi = 0; !vtiles && bi < n_blocks; ++bi) {
         const int cnt = std::min(kBlock, positions - bi * kBlock);

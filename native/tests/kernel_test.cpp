@@ -512,7 +512,7 @@ void test_value_tiles(const Kernels& k, const Kernels& ref) {
     const uint8_t* tiles[1] = {tile.data()};
     for (const Kernels* lv : {&ref, &k}) {
       float acc[kQK] = {};
-      lv->attn_accum_tiles(KvFormat::Q8_0, tiles, 0, 2, w, 2, acc, 1, kQK);
+      lv->attn_accum_tiles(KvFormat::Q8_0, tiles, 0, 2, w, 2, acc, 1, kQK, {});
       bool ok = true;
       for (int x = 0; x < kQK; ++x) {
         const double want = (b0.qs[x] * 2097152.0 + b1.qs[x] * 699051.0) / 2097152.0;
@@ -583,8 +583,9 @@ void test_value_tiles(const Kernels& k, const Kernels& ref) {
           for (auto& x : a1) x = static_cast<float>(rng() % 5) - 2.0f;
           a2 = a1;
           const std::vector<float> a0 = a1;
-          k.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a1.data(), G, hd);
-          ref.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a2.data(), G, hd);
+          // The level asks for the tiles themselves (prefetches change no result).
+          k.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a1.data(), G, hd, {list.data(), kTiles, rb});
+          ref.attn_accum_tiles(f, list.data(), first, n, w.data(), ld, a2.data(), G, hd, {});
           const std::string shape = std::string(kv_format_name(f)) + " hd=" + std::to_string(hd) +
                                     " G=" + std::to_string(G) + " first=" + std::to_string(first) +
                                     " n=" + std::to_string(n);
