@@ -9,10 +9,13 @@ Each round runs the old build, then this one (--new: another .so), in fresh subp
 process), so both see the same machine minutes apart; each cell is one sequence whose cache is filled to
 the depth by Engine.fill_kv (--seqs N: N such sequences stepped together), one untimed step, then --steps
 timed steps. Prints the median (min-max) per build and the ratio of the medians; the VM is noisy, so a
-ratio whose ranges overlap is not a result. --metric attention_ms times only the attention part of the
-steps (the engine's timers, Engine.set_timers), which swings less than the whole step's tok/s; there a
-ratio below 1 is the faster side. --best-of K times K blocks of --steps steps per cell and keeps the best
-(depth + 1 + K * steps must fit the model's context).
+ratio whose ranges overlap is not a result. --metric quality gives the planner's quality figures per --kv (K and
+V both that format; worker.calibrate.measure_quality, float32 activations): mean KL(f32 || format) and top-1
+agreement over the calibration text's first --quality-tokens tokens, each build's own f32 cache the reference;
+they do not depend on the machine's speed, so one round gives them. --metric attention_ms times only the
+attention part of the steps (the engine's timers, Engine.set_timers), which swings less than the whole
+step's tok/s; there a ratio below 1 is the faster side. --best-of K times K blocks of --steps steps per
+cell and keeps the best (depth + 1 + K * steps must fit the model's context).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _measure(
     best_of: int,
     model: str | None,
     sampling: str,
+    quality_tokens: int,
 ) -> dict[str, float]:
     """{"kv@depth xN": tok/s, or attention ms per step} with the engine module at `module` ("" = this tree's)."""
     if module:
@@ -57,6 +61,15 @@ def _measure(
 
     path = str(resolve_model(model))
     out: dict[str, float] = {}
+    if metric == "quality":
+        from worker.calibrate import measure_quality
+        from worker.formats import pair_name
+
+        q = measure_quality(Path(path), [(kv, kv) for kv in kvs], quality_tokens, threads)
+        for kv in kvs:
+            out[f"{kv} mean KL"] = q[pair_name((kv, kv))]["mean_kl"]
+            out[f"{kv} top-1"] = q[pair_name((kv, kv))]["top1"]
+        return out
     for kv in kvs:
         if metric == "prefill_tok_s":  # a fresh PREFILL_LEN-token prompt, best of best_of
             eng = _native.Engine(path, kv_k=kv, kv_v=kv, threads=threads)
@@ -118,11 +131,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--metric",
-        choices=["tok_s", "attention_ms", "prefill_tok_s"],
+        choices=["tok_s", "attention_ms", "prefill_tok_s", "quality"],
         default="tok_s",
         help="decode tok/s, the attention part of a step (the engine's timers: steadier on this noisy VM), or "
         "the prefill rate of a fresh 512-token prompt (one cell per --kv; --depths and --seqs unused)",
     )
+    ap.add_argument("--quality-tokens", type=int, default=1024, help="--metric quality: tokens scored")
     ap.add_argument("--best-of", type=int, default=1, help="blocks of --steps steps per cell; the best block counts")
     ap.add_argument(
         "--sampling",
@@ -144,6 +158,7 @@ def main() -> None:
             args.best_of,
             args.model,
             args.sampling,
+            args.quality_tokens,
         )
         print(json.dumps(cells))
         return
@@ -156,6 +171,7 @@ def main() -> None:
             argv += ["--depths", *map(str, args.depths), "--kv", *args.kv, "--seqs", *map(str, args.seqs)]
             argv += ["--steps", str(args.steps), "--threads", str(args.threads), "--metric", args.metric]
             argv += ["--best-of", str(args.best_of), "--sampling", args.sampling]
+            argv += ["--quality-tokens", str(args.quality_tokens)]
             if args.model:
                 argv += ["--model", args.model]
             # cwd outside the tree: `worker` must come from sys.path[0] as set in _measure, not an installed copy
@@ -163,17 +179,21 @@ def main() -> None:
             if p.returncode != 0:
                 sys.exit(f"{side} build failed:\n{p.stderr[-3000:]}")
             runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    what = {"attention_ms": "attention ms per decode step", "prefill_tok_s": "prefill tok/s"}.get(
-        args.metric, "decode tok/s"
-    )
+    what = {
+        "attention_ms": "attention ms per decode step",
+        "prefill_tok_s": "prefill tok/s",
+        "quality": f"quality over {args.quality_tokens} tokens",
+    }.get(args.metric, "decode tok/s")
+    digits = 4 if args.metric == "quality" else 1
     drawn = f", tokens drawn with {args.sampling}" if args.sampling else ""
     print(f"# {what}, {args.threads} threads, {args.rounds} alternated rounds{drawn}; median (min-max)")
     for cell in runs["old"][0]:
         old = [r[cell] for r in runs["old"]]
         new = [r[cell] for r in runs["new"]]
         mo, mn = statistics.median(old), statistics.median(new)
-        print(f"{cell:18s} old {mo:7.1f} ({min(old):.1f}-{max(old):.1f})  new {mn:7.1f} ({min(new):.1f}-{max(new):.1f})"
-              f"  new/old {mn / mo:.2f}")  # fmt: skip
+        d = digits
+        print(f"{cell:18s} old {mo:7.{d}f} ({min(old):.{d}f}-{max(old):.{d}f})  new {mn:7.{d}f} ({min(new):.{d}f}-"
+              f"{max(new):.{d}f})  new/old {mn / mo if mo else float('nan'):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
