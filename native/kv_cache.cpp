@@ -192,23 +192,4 @@ void KvPool::store_row(int part, int block, int layer, int slot, int head, const
   put_row(part, block, layer, slot, head, enc);
 }
 
-void KvPool::put_k_row(int block, int layer, int slot, int head, const void* row) const {
-  put_row(0, block, layer, slot, head, row);
-}
-void KvPool::get_k_row(int block, int layer, int slot, int head, void* row) const {
-  get_row(0, block, layer, slot, head, row);
-}
-void KvPool::store_k_row(int block, int layer, int slot, int head, const float* src) const {
-  store_row(0, block, layer, slot, head, src);
-}
-void KvPool::put_v_row(int block, int layer, int slot, int head, const void* row) const {
-  put_row(1, block, layer, slot, head, row);
-}
-void KvPool::get_v_row(int block, int layer, int slot, int head, void* row) const {
-  get_row(1, block, layer, slot, head, row);
-}
-void KvPool::store_v_row(int block, int layer, int slot, int head, const float* src) const {
-  store_row(1, block, layer, slot, head, src);
-}
-
 }  // namespace kvs

@@ -114,14 +114,17 @@ class KvPool {
   bool k_tiled() const { return k_tiled_; }
   // The same for V runs and value tiles.
   bool v_tiled() const { return v_tiled_; }
-  // The K (V) row of one slot of a host block, encoded from src / copied out in kv_row_bytes layout,
-  // whatever the pool's layout.
-  void store_k_row(int block, int layer, int slot, int head, const float* src) const;
-  void put_k_row(int block, int layer, int slot, int head, const void* row) const;
-  void get_k_row(int block, int layer, int slot, int head, void* row) const;
-  void store_v_row(int block, int layer, int slot, int head, const float* src) const;
-  void put_v_row(int block, int layer, int slot, int head, const void* row) const;
-  void get_v_row(int block, int layer, int slot, int head, void* row) const;
+  // The K (part 0) or V (part 1) row of one slot of a host block, encoded from src / copied in / copied
+  // out in kv_row_bytes layout, whatever the pool's layout.
+  void store_row(int part, int block, int layer, int slot, int head, const float* src) const;
+  void put_row(int part, int block, int layer, int slot, int head, const void* row) const;
+  void get_row(int part, int block, int layer, int slot, int head, void* row) const;
+  void store_k_row(int block, int layer, int slot, int head, const float* src) const {
+    store_row(0, block, layer, slot, head, src);
+  }
+  void store_v_row(int block, int layer, int slot, int head, const float* src) const {
+    store_row(1, block, layer, slot, head, src);
+  }
 
   // A host block's rows (slab layout above); consecutive slots are k_row_bytes apart. On a tiled
   // pool k_row (v_row) is only a row for a slot that opens a tile (a multiple of 16): that tile's start.
@@ -134,10 +137,6 @@ class KvPool {
 
  private:
   void init();
-  // put / get / store of one row of the K (part 0) or V (part 1) runs.
-  void put_row(int part, int block, int layer, int slot, int head, const void* row) const;
-  void get_row(int part, int block, int layer, int slot, int head, void* row) const;
-  void store_row(int part, int block, int layer, int slot, int head, const float* src) const;
 
   KvGeometry g_;
   std::shared_ptr<KvBudget> budget_;

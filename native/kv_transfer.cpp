@@ -99,13 +99,7 @@ void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, 
           } else if (part == 0 ? pool.k_tiled() : pool.v_tiled()) {
             const size_t rb = part == 0 ? pool.k_row_bytes() : pool.v_row_bytes();
             rows.resize(static_cast<size_t>(cnt) * rb);
-            for (int j = 0; j < cnt; ++j) {
-              if (part == 0) {
-                pool.get_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
-              } else {
-                pool.get_v_row(table[bi], kl, off + j, h, rows.data() + j * rb);
-              }
-            }
+            for (int j = 0; j < cnt; ++j) pool.get_row(part, table[bi], kl, off + j, h, rows.data() + j * rb);
             if (!writes) {
               fn(l, part == 0, p, cnt, rows.data());
               continue;
@@ -113,11 +107,8 @@ void for_each_run(const ModelConfig& c, const KvPool* kv, const KvPool* swa_kv, 
             was = rows;
             fn(l, part == 0, p, cnt, rows.data());
             for (int j = 0; j < cnt; ++j) {
-              if (std::memcmp(rows.data() + j * rb, was.data() + j * rb, rb) == 0) continue;
-              if (part == 0) {
-                pool.put_k_row(table[bi], kl, off + j, h, rows.data() + j * rb);
-              } else {
-                pool.put_v_row(table[bi], kl, off + j, h, rows.data() + j * rb);
+              if (std::memcmp(rows.data() + j * rb, was.data() + j * rb, rb) != 0) {
+                pool.put_row(part, table[bi], kl, off + j, h, rows.data() + j * rb);
               }
             }
             continue;
