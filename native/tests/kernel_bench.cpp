@@ -6,9 +6,10 @@
 // Attention mode: one decode step's attention over a deep context (every layer's K/V well past the
 // last-level cache), cut into 16-position blocks as the engine's cache is, one thread. Prints ns per
 // K/V row (all G query heads) for the scores, the softmax numerators and the V sums apart and together.
-// Keys are stored as the engine's CPU pool stores them: in tiles where the level has a tile body
-// (kv_format.h), unless the last argument is "rows".
-//   kvs_kernel_bench attn [level] [kv format] [positions] [layers] [G] [head_dim] [reps] [tiles|rows]
+// K and V are stored as the engine's CPU pool stores them: key and value tiles where the level has the
+// tile bodies (kv_format.h; the V sums of 512 positions per call, as the engine's tasks), unless the
+// last argument is "tiles" (key tiles, V rows) or "rows".
+//   kvs_kernel_bench attn [level] [kv format] [positions] [layers] [G] [head_dim] [reps] [vtiles|tiles|rows]
 //   e.g. kvs_kernel_bench attn avx512 q4_0 8150 30 3 64 5
 #include <algorithm>
 #include <chrono>
@@ -39,8 +40,6 @@ int attention_bench(int argc, char** argv) {
   const int reps = argc > 8 ? std::atoi(argv[8]) : 5;
   constexpr int kBlock = 16;
   const Kernels& k = kernels_for(level);
-  // Layout (argument 9): "rows", "tiles" (key tiles, V rows) or, by default, key and value tiles where the level
-  // has them.
   const std::string layout = argc > 9 ? argv[9] : "vtiles";
   const bool tiles = k.key_tiles && kv_format_tiles(f) && layout != "rows";
   const bool vtiles = tiles && k.value_tiles && layout == "vtiles";
