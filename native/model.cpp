@@ -559,16 +559,17 @@ void attention(const ModelConfig& c, int layer, int window, int T, const KvPool&
         }
         kern.attn_accum_tiles(g.v_format, v_tiles.data(), first, n, s, chunk, acc, G, hd,
                               {k_ahead.data(), n_ahead, bt * k_stride});
-      }
-      for (int p0 = tk.begin, cnt; !v_tiled && p0 < tk.end; p0 += cnt) {
-        const int off = p0 % bt;
-        cnt = std::min(bt - off, tk.end - p0);
-        if (next_bi < next_end) {
-          prefetch_l2(kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh), bt * k_stride);
-          ++next_bi;
+      } else {
+        for (int p0 = tk.begin, cnt; p0 < tk.end; p0 += cnt) {
+          const int off = p0 % bt;
+          cnt = std::min(bt - off, tk.end - p0);
+          if (next_bi < next_end) {
+            prefetch_l2(kv.k_row((*next_blocks)[next_bi], layer, 0, next->kh), bt * k_stride);
+            ++next_bi;
+          }
+          kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
+                          chunk, acc, G, hd);
         }
-        kern.attn_accum(g.v_format, kv.v_row(blocks[p0 / bt], layer, off, tk.kh), v_stride, cnt, s + (p0 - tk.begin),
-                        chunk, acc, G, hd);
       }
       k_ready = next_bi - next_first;
       if (ws.attn_first[pair + 1] - ws.attn_first[pair] == 1) {
