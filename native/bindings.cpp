@@ -472,7 +472,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init([](const std::string& model, const std::string& kv_k, const std::string& kv_v,
                        size_t kv_budget_bytes, int threads, int block_tokens, int max_batch_tokens,
                        const std::string& isa, bool float_activations, bool prefix_sharing, const std::string& backend,
-                       int device) {
+                       int device, bool huge_pages) {
              EngineOptions o;
              o.model_path = model;
              o.kv_k = kv_k;
@@ -486,13 +486,15 @@ PYBIND11_MODULE(_native, m) {
              o.prefix_sharing = prefix_sharing;
              o.backend = backend;
              o.device = device;
+             o.huge_pages = huge_pages;
              py::gil_scoped_release release;
              return std::make_unique<Engine>(o);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_k") = "f16", py::arg("kv_v") = "f16",
            py::arg("kv_budget_bytes") = 0, py::arg("threads") = 2, py::arg("block_tokens") = 16,
            py::arg("max_batch_tokens") = 256, py::arg("isa") = "", py::arg("float_activations") = false,
-           py::arg("prefix_sharing") = true, py::arg("backend") = "cpu", py::arg("device") = 0)
+           py::arg("prefix_sharing") = true, py::arg("backend") = "cpu", py::arg("device") = 0,
+           py::arg("huge_pages") = true)
       .def_property_readonly("isa", &Engine::isa)
       .def_property_readonly("backend", &Engine::backend_name)
       .def_property_readonly("dot_path", &Engine::dot_path)
@@ -626,6 +628,7 @@ PYBIND11_MODULE(_native, m) {
         d["sequences"] = s.sequences;
         d["key_tiles"] = s.key_tiles;
         d["value_tiles"] = s.value_tiles;
+        d["weights_huge_pages"] = s.weights_huge_pages;
         return d;
       });
 

@@ -19,7 +19,9 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
     throw std::invalid_argument("max_batch_tokens must be at least 1, got " + std::to_string(opt.max_batch_tokens));
   }
   kern_ = opt.isa.empty() ? &active_kernels() : &kernels_for(opt.isa);
-  model_ = std::make_unique<Model>(opt.model_path);
+  // Only the CPU backend streams the weights from host memory at every step; the others upload them.
+  const bool host_weights = opt.backend == "cpu" && opt.huge_pages;
+  model_ = std::make_unique<Model>(opt.model_path, host_weights ? Residency::kHugePages : Residency::kMapped);
   const ModelConfig& c = model_->config();
   KvGeometry g;
   g.n_layer = c.n_layer;
@@ -607,6 +609,7 @@ MemoryStats Engine::memory() const {
     m.bytes_allocated += swa_kv_->blocks_allocated() * swa_kv_->block_bytes();
   }
   m.weight_bytes = model_->weight_bytes();
+  m.weights_huge_pages = model_->file().huge_pages();
   size_t scratch = logits_.capacity() * sizeof(float);
   for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
     scratch += v->capacity() * sizeof(float);

@@ -45,6 +45,9 @@ struct EngineOptions {
   // with float_activations its matmuls are float32 like the shaders').
   std::string backend = "cpu";
   int device = 0;  // vulkan: the device index (vulkan_devices())
+  // The CPU backend's weights in transparent huge pages where the host allows (gguf.h, Residency);
+  // false keeps the file's map (its pages shared with other processes that map the same file).
+  bool huge_pages = true;
 };
 
 struct SamplingParams {
@@ -83,8 +86,9 @@ struct MemoryStats {
   size_t weight_bytes = 0;
   size_t scratch_bytes = 0;  // activations, logits and per-thread scratch
   int sequences = 0;
-  bool key_tiles = false;    // keys stored as 16-row tiles (kv_format.h)
-  bool value_tiles = false;  // values stored as 16-row value tiles
+  bool key_tiles = false;           // keys stored as 16-row tiles (kv_format.h)
+  bool value_tiles = false;         // values stored as 16-row value tiles
+  bool weights_huge_pages = false;  // the model's bytes in a huge-page copy (gguf.h, Residency)
 };
 
 struct SequenceInfo {

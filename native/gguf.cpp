@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "quant.h"
@@ -20,9 +22,28 @@ constexpr uint32_t kMaxDims = 4;        // GGML_MAX_DIMS
 constexpr uint64_t kMaxArrayDepth = 2;  // arrays of arrays are legal but never deep
 constexpr uint64_t kMaxStringBytes = 1u << 28;
 
+// /sys/kernel/mm/transparent_hugepage/enabled reads "always [madvise] never" with the mode in brackets.
+bool transparent_huge_pages_offered() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return std::getline(f, line) && line.find('[') != std::string::npos && line.find("[never]") == std::string::npos;
+}
+
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+size_t memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (f >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    f.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
 class MappedFile {
  public:
-  explicit MappedFile(const std::string& path) {
+  MappedFile(const std::string& path, Residency residency) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
       throw std::runtime_error("cannot open model file '" + path + "': " + std::strerror(errno));
@@ -33,6 +54,7 @@ class MappedFile {
       throw std::runtime_error("model file '" + path + "' is not a regular file");
     }
     size_ = static_cast<size_t>(st.st_size);
+    if (residency == Residency::kHugePages && copy_into_huge_pages()) return;
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
       if (p == MAP_FAILED) {
@@ -43,16 +65,53 @@ class MappedFile {
     }
   }
   ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (copy_ != nullptr) {
+      ::munmap(copy_, copy_span_);
+    } else if (data_ != nullptr) {
+      ::munmap(const_cast<uint8_t*>(data_), size_);
+    }
     if (fd_ >= 0) ::close(fd_);
   }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  bool huge_pages() const { return copy_ != nullptr; }
 
  private:
+  // Residency::kHugePages: reads the file into a private anonymous region aligned to 2 MiB and advised
+  // MADV_HUGEPAGE, then makes it read-only (a stray write faults, as on the map). False, with nothing
+  // held, where huge pages are not offered, the file is under one huge page, the copy would take more
+  // than half of MemAvailable (the map's pages can be dropped under pressure, an anonymous copy cannot
+  // without swap), or any call fails: the caller maps the file instead.
+  bool copy_into_huge_pages() {
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (size_ < kHuge || !transparent_huge_pages_offered() || size_ > memory_available() / 2) return false;
+    const size_t span = (size_ + kHuge - 1) / kHuge * kHuge + kHuge;  // room to align the start
+    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return false;
+    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+    bool ok = ::madvise(base, span - kHuge, MADV_HUGEPAGE) == 0;
+    for (size_t got = 0; ok && got < size_;) {
+      const ssize_t n = ::pread(fd_, base + got, size_ - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      ok = n > 0;
+      if (ok) got += static_cast<size_t>(n);
+    }
+    ok = ok && ::mprotect(raw, span, PROT_READ) == 0;
+    if (!ok) {
+      ::munmap(raw, span);
+      return false;
+    }
+    copy_ = raw;
+    copy_span_ = span;
+    data_ = base;
+    return true;
+  }
+
   int fd_ = -1;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  void* copy_ = nullptr;  // the huge-page copy's whole region (data_ inside it), or null for the map
+  size_t copy_span_ = 0;
 };
 
 namespace {
@@ -237,7 +296,8 @@ int64_t GgufTensor::numel() const {
   return n;
 }
 
-GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_unique<MappedFile>(path)) {
+GgufFile::GgufFile(const std::string& path, Residency residency)
+    : path_(path), map_(std::make_unique<MappedFile>(path, residency)) {
   Cursor c(path, map_->data(), map_->size());
   const uint32_t magic = c.read<uint32_t>("magic");
   if (magic != 0x46554747u) {  // "GGUF" little-endian
@@ -336,6 +396,10 @@ GgufFile::~GgufFile() = default;
 
 size_t GgufFile::file_size() const {
   return map_->size();
+}
+
+bool GgufFile::huge_pages() const {
+  return map_->huge_pages();
 }
 
 const GgufValue* GgufFile::find(const std::string& key) const {

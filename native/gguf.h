@@ -55,9 +55,17 @@ struct GgufTensor {
 
 class MappedFile;
 
+// Where a GgufFile's bytes live. kMapped: a read-only map of the file (pages shared with every process
+// that maps it, read in on first touch). kHugePages: a private read-only copy in transparent huge pages
+// where the kernel offers them (madvise or always) and the copy fits well inside the memory available;
+// otherwise the map. A decode step streams every weight once, and 4 KB pages cost it a page walk every
+// 4 KB and stop the hardware prefetchers at each page's end: at depth 0 the copy measured 1.07-1.09x
+// the map's tok/s (docs/BENCHMARKS.md, 2026-12-04 second session).
+enum class Residency { kMapped, kHugePages };
+
 class GgufFile {
  public:
-  explicit GgufFile(const std::string& path);
+  explicit GgufFile(const std::string& path, Residency residency = Residency::kMapped);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -66,6 +74,8 @@ class GgufFile {
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
   size_t file_size() const;
+  // Whether the bytes ended in huge pages (Residency::kHugePages asked and granted).
+  bool huge_pages() const;
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return meta_; }

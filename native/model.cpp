@@ -267,7 +267,7 @@ void Model::read_config() {
   }
 }
 
-Model::Model(const std::string& path) : file_(std::make_unique<GgufFile>(path)) {
+Model::Model(const std::string& path, Residency residency) : file_(std::make_unique<GgufFile>(path, residency)) {
   read_config();
   const ModelConfig& c = cfg_;
   const GgufTensor* emb = file_->find_tensor("token_embd.weight");

@@ -196,7 +196,7 @@ void moe_route(const float* logits, int E, int K, int32_t* choice, float* weight
 
 class Model {
  public:
-  explicit Model(const std::string& path);
+  explicit Model(const std::string& path, Residency residency = Residency::kMapped);
 
   const ModelConfig& config() const { return cfg_; }
   const GgufFile& file() const { return *file_; }

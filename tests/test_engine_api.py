@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,43 @@ def test_context_limit_ends_generation(tiny_models) -> None:  # type: ignore[no-
         made += len(eng.step())
     assert eng.info(seq)["finish_reason"] == "context"
     assert len(eng.tokens(seq)) == 256 and made == 6
+
+
+def _huge_pages_expected(path: Path) -> bool:
+    """Whether Engine(huge_pages=True) should copy `path` into huge pages on this host, derived from the
+    host's own files the way native/gguf.cpp decides: THP offered, the file at least one 2 MiB page,
+    and at most half of MemAvailable."""
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    offered = mode.is_file() and "[" in mode.read_text() and "[never]" not in mode.read_text()
+    available = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    size = path.stat().st_size
+    return offered and size >= 2 << 20 and size <= available // 2
+
+
+def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) -> None:  # type: ignore[no-untyped-def]
+    """The weights in a huge-page copy (the default) and in the file's map are the same bytes: the
+    same logits bit for bit and the same text; memory() says where they live."""
+    prompt = "The capital of France is"
+    copied = Engine(default_model, kv_k="q8_0", kv_v="q8_0")
+    mapped = Engine(default_model, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
+    assert copied.memory()["weights_huge_pages"] == _huge_pages_expected(default_model)
+    assert not mapped.memory()["weights_huge_pages"]
+    ids = copied.tokenizer.encode(prompt)
+    got = []
+    for eng in (copied, mapped):
+        s = eng.add_sequence(ids, Sampling(max_new_tokens=1))
+        eng.step()
+        got.append(eng.last_logits().tobytes())
+        eng.free(s)
+    assert len(got[0]) > 0 and got[0] == got[1]
+    assert copied.generate(prompt, max_tokens=12).token_ids == mapped.generate(prompt, max_tokens=12).token_ids
+    # A file under one huge page stays mapped.
+    small = min(tiny_models.values(), key=lambda p: p.stat().st_size)
+    assert small.stat().st_size < 2 << 20
+    assert not Engine(small).memory()["weights_huge_pages"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

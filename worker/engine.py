@@ -71,6 +71,12 @@ class Engine:
     stays on the host; the KV budget and memory() accounting are the CPU pool's. "cpu-ops" runs
     that same forward over the CPU backend's ops (the device path's reference; slow).
 
+    huge_pages=True (the default) lets the CPU backend copy the model's bytes into transparent
+    huge pages where the host offers them and the copy fits in half the available memory
+    (memory()["weights_huge_pages"] says whether it did); a decode step streams every weight,
+    and 4 KB pages slow that stream. False keeps the file mapped, its pages shared with other
+    processes that map the same file. Outputs are the same either way.
+
     Low-level: `add_sequence`, `append`, `step`, `finish`, `free`, `score`, `memory`.
     High-level: `generate` / `stream` for one prompt (text or token ids).
     """
@@ -90,6 +96,7 @@ class Engine:
         prefix_sharing: bool = True,
         backend: str = "cpu",
         device: int = 0,
+        huge_pages: bool = True,
     ) -> None:
         for name, fmt in (("kv_k", kv_k), ("kv_v", kv_v)):
             if fmt not in KV_FORMATS:
@@ -111,6 +118,7 @@ class Engine:
             prefix_sharing=prefix_sharing,
             backend=backend,
             device=device,
+            huge_pages=huge_pages,
         )
         self.config: dict[str, Any] = dict(self._native.config)
         self._tokenizer: Tokenizer | None = None
