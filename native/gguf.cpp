@@ -22,6 +22,8 @@ constexpr uint32_t kMaxDims = 4;        // GGML_MAX_DIMS
 constexpr uint64_t kMaxArrayDepth = 2;  // arrays of arrays are legal but never deep
 constexpr uint64_t kMaxStringBytes = 1u << 28;
 
+namespace {
+
 // /sys/kernel/mm/transparent_hugepage/enabled reads "always [madvise] never" with the mode in brackets.
 bool transparent_huge_pages_offered() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -40,6 +42,8 @@ size_t memory_available() {
   }
   return 0;
 }
+
+}  // namespace
 
 class MappedFile {
  public:
