@@ -629,6 +629,7 @@ PYBIND11_MODULE(_native, m) {
         d["key_tiles"] = s.key_tiles;
         d["value_tiles"] = s.value_tiles;
         d["weights_huge_pages"] = s.weights_huge_pages;
+        d["weight_tile_bytes"] = s.weight_tile_bytes;
         return d;
       });
 

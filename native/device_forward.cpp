@@ -125,6 +125,7 @@ DeviceForward::DevWeight DeviceForward::upload_weight(const Weight& w, const std
   d.cols = w.cols;
   const size_t bytes = w.row_bytes * static_cast<size_t>(w.rows);
   if (w.data == nullptr || bytes == 0) throw std::invalid_argument("DeviceForward: weight " + name + " is empty");
+  if (w.tiles) throw std::logic_error("DeviceForward: weight " + name + " is packed as CPU tiles; load it in rows");
   d.buf = be_.alloc(bytes);
   be_.upload(*d.buf, w.data, bytes);
   weight_bytes_ += bytes;

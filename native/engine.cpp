@@ -21,7 +21,8 @@ Engine::Engine(const EngineOptions& opt) : opt_(opt) {
   kern_ = opt.isa.empty() ? &active_kernels() : &kernels_for(opt.isa);
   // Only the CPU backend streams the weights from host memory at every step; the others upload them.
   const bool host_weights = opt.backend == "cpu" && opt.huge_pages;
-  model_ = std::make_unique<Model>(opt.model_path, host_weights ? Residency::kHugePages : Residency::kMapped);
+  model_ = std::make_unique<Model>(opt.model_path, host_weights ? Residency::kHugePages : Residency::kMapped,
+                                   host_weights ? kern_ : nullptr);
   const ModelConfig& c = model_->config();
   KvGeometry g;
   g.n_layer = c.n_layer;
@@ -610,6 +611,7 @@ MemoryStats Engine::memory() const {
   }
   m.weight_bytes = model_->weight_bytes();
   m.weights_huge_pages = model_->file().huge_pages();
+  m.weight_tile_bytes = model_->tile_bytes();
   size_t scratch = logits_.capacity() * sizeof(float);
   for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
     scratch += v->capacity() * sizeof(float);

@@ -45,8 +45,10 @@ struct EngineOptions {
   // with float_activations its matmuls are float32 like the shaders').
   std::string backend = "cpu";
   int device = 0;  // vulkan: the device index (vulkan_devices())
-  // The CPU backend's weights in transparent huge pages where the host allows (gguf.h, Residency);
-  // false keeps the file's map (its pages shared with other processes that map the same file).
+  // The CPU backend's weights in transparent huge pages where the host allows (gguf.h, Residency),
+  // their Q4_0 / Q4_1 / Q8_0 matrices packed as 16-row tiles where the kernels have a tile body
+  // (quant.h); false keeps the file's map (its pages shared with other processes that map the same
+  // file) and the rows.
   bool huge_pages = true;
 };
 
@@ -89,6 +91,7 @@ struct MemoryStats {
   bool key_tiles = false;           // keys stored as 16-row tiles (kv_format.h)
   bool value_tiles = false;         // values stored as 16-row value tiles
   bool weights_huge_pages = false;  // the model's bytes in a huge-page copy (gguf.h, Residency)
+  size_t weight_tile_bytes = 0;     // of them, the weights packed as 16-row tiles (quant.h)
 };
 
 struct SequenceInfo {

@@ -79,10 +79,19 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool huge_pages() const { return copy_ != nullptr; }
+  // The copy's bytes until seal(); null for the map or once sealed.
+  uint8_t* writable() const { return copy_ != nullptr && !sealed_ ? const_cast<uint8_t*>(data_) : nullptr; }
+  // Makes the copy read-only (a stray write faults, as on the map). False where mprotect fails, which
+  // leaves the copy writable and is harmless.
+  bool seal() {
+    if (copy_ == nullptr || sealed_) return true;
+    sealed_ = ::mprotect(copy_, copy_span_, PROT_READ) == 0;
+    return sealed_;
+  }
 
  private:
   // Residency::kHugePages: reads the file into a private anonymous region aligned to 2 MiB and advised
-  // MADV_HUGEPAGE, then makes it read-only (a stray write faults, as on the map). False, with nothing
+  // MADV_HUGEPAGE, writable until seal() (the model packs weight tiles in it first). False, with nothing
   // held, where huge pages are not offered, the file is under one huge page, the copy would take more
   // than half of MemAvailable (the map's pages can be dropped under pressure, an anonymous copy cannot
   // without swap), or any call fails: the caller maps the file instead.
@@ -100,7 +109,6 @@ class MappedFile {
       ok = n > 0;
       if (ok) got += static_cast<size_t>(n);
     }
-    ok = ok && ::mprotect(raw, span, PROT_READ) == 0;
     if (!ok) {
       ::munmap(raw, span);
       return false;
@@ -116,6 +124,7 @@ class MappedFile {
   size_t size_ = 0;
   void* copy_ = nullptr;  // the huge-page copy's whole region (data_ inside it), or null for the map
   size_t copy_span_ = 0;
+  bool sealed_ = false;
 };
 
 namespace {
@@ -404,6 +413,15 @@ size_t GgufFile::file_size() const {
 
 bool GgufFile::huge_pages() const {
   return map_->huge_pages();
+}
+
+uint8_t* GgufFile::writable(const GgufTensor& t) {
+  uint8_t* base = map_->writable();
+  return base == nullptr ? nullptr : base + (t.data - map_->data());
+}
+
+void GgufFile::seal() {
+  map_->seal();
 }
 
 const GgufValue* GgufFile::find(const std::string& key) const {

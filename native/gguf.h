@@ -76,6 +76,11 @@ class GgufFile {
   size_t file_size() const;
   // Whether the bytes ended in huge pages (Residency::kHugePages asked and granted).
   bool huge_pages() const;
+  // A huge-page copy stays writable until seal(), so that its owner can rewrite tensors in place (the
+  // model's weight tiles, quant.h): t's bytes, or null for the file's map or a sealed copy.
+  uint8_t* writable(const GgufTensor& t);
+  // Makes a huge-page copy read-only (a stray write then faults, as on the map); idempotent.
+  void seal();
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return meta_; }

@@ -267,7 +267,8 @@ void Model::read_config() {
   }
 }
 
-Model::Model(const std::string& path, Residency residency) : file_(std::make_unique<GgufFile>(path, residency)) {
+Model::Model(const std::string& path, Residency residency, const Kernels* tiles_for)
+    : file_(std::make_unique<GgufFile>(path, residency)) {
   read_config();
   const ModelConfig& c = cfg_;
   const GgufTensor* emb = file_->find_tensor("token_embd.weight");
@@ -332,6 +333,31 @@ Model::Model(const std::string& path, Residency residency) : file_(std::make_uni
     for (const Weight* w : mats) weight_bytes_ += w->row_bytes * w->rows;
     layers_.push_back(std::move(L));
   }
+  if (tiles_for != nullptr && tiles_for->weight_tiles) pack_tiles();
+  file_->seal();
+}
+
+void Model::pack_tiles() {
+  // The 2-D matrices (tied embeddings share one tensor: packed once, both views marked). The MoE experts'
+  // stacks stay in rows.
+  std::vector<Weight*> ws = {&tok_embd_, &output_};
+  for (LayerWeights& L : layers_) ws.insert(ws.end(), {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate, &L.up, &L.down});
+  std::vector<const uint8_t*> packed;
+  for (Weight* w : ws) {
+    if (w->data == nullptr || !weight_tiles_type(w->type) || w->rows % kWeightTileRows != 0) continue;
+    if (std::find(packed.begin(), packed.end(), w->data) == packed.end()) {
+      const GgufTensor* t = nullptr;
+      for (const GgufTensor& x : file_->tensors()) {
+        if (x.data == w->data) t = &x;
+      }
+      uint8_t* bytes = t == nullptr ? nullptr : file_->writable(*t);
+      if (bytes == nullptr) continue;
+      pack_weight_tiles(w->type, bytes, w->rows, w->cols);
+      packed.push_back(w->data);
+      tile_bytes_ += w->row_bytes * static_cast<size_t>(w->rows);
+    }
+    w->tiles = true;
+  }
 }
 
 namespace {
@@ -357,6 +383,18 @@ bool is_quantized_type(GgmlType t) {
 // per-target facts the tiles need (first tile, quantized or not) are found once per call,
 // not per row: the 16-sequence profile spent 17% of its step on that bookkeeping.
 constexpr size_t kMaxTargets = 4;
+
+// Row r of w as w.cols floats: from the row, or out of its tile (a packed weight).
+void dequant_weight_row(const Kernels& kern, const Weight& w, int64_t r, float* dst) {
+  if (!w.tiles) {
+    kern.dequant_row(w.type, w.row(r), dst, w.cols);
+    return;
+  }
+  thread_local std::vector<uint8_t> row;
+  row.resize(w.row_bytes);
+  weight_tile_get_row(w.type, w.tile(r / kWeightTileRows), static_cast<int>(r % kWeightTileRows), row.data(), w.cols);
+  kern.dequant_row(w.type, row.data(), dst, w.cols);
+}
 
 void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, ThreadPool& pool, const Kernels& kern,
             Workspace& ws) {
@@ -390,6 +428,13 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
       float* out = targets[i].out;
       const int64_t r0 = (tile - first[i]) * kRowTile;
       const int n = static_cast<int>(std::min<int64_t>(kRowTile, w.rows - r0));
+      if (quantized[i] && w.tiles) {
+        // The target's consecutive tiles in one call: one forward stream.
+        const int64_t run = std::min(te, first[i + 1]) - tile;
+        kern.dot_q_tiles(w.type, w.tile(tile - first[i]), run, ws.xq.data(), nb, T, cols, out + r0, w.rows);
+        tile += run - 1;
+        continue;
+      }
       if (quantized[i]) {
         // One call decodes each weight block once for all T activation rows and serves the tile's rows together.
         const void* rows[kRowTile];
@@ -402,7 +447,7 @@ void matmul(const std::vector<MatmulTarget>& targets, const float* x, int T, Thr
         continue;
       }
       float* buf = ws.thread_scratch[thread].data();  // (kRowTile, cols)
-      for (int j = 0; j < n; ++j) kern.dequant_row(w.type, w.row(r0 + j), buf + j * cols, cols);
+      for (int j = 0; j < n; ++j) dequant_weight_row(kern, w, r0 + j, buf + j * cols);
       for (int t = 0; t < T; ++t) {
         const float* xr = x + static_cast<size_t>(t) * cols;
         float* o = out + static_cast<size_t>(t) * w.rows + r0;
@@ -786,7 +831,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
   pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       float* xr = ws.x.data() + t * d;
-      kern.dequant_row(tok_embd_.type, tok_embd_.row(tokens[t]), xr, d);
+      dequant_weight_row(kern, tok_embd_, tokens[t], xr);
       if (c.embd_scale != 1.0f) {
         for (int i = 0; i < d; ++i) xr[i] *= c.embd_scale;
       }

@@ -76,7 +76,11 @@ struct Weight {
   int64_t cols = 0;
   size_t row_bytes = 0;
   const uint8_t* data = nullptr;
+  // Packed as weight tiles (quant.h): rows / 16 tiles of 16 rows, read with tile() and
+  // weight_tile_get_row; row() is then not a row.
+  bool tiles = false;
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+  const uint8_t* tile(int64_t i) const { return data + static_cast<size_t>(i) * kWeightTileRows * row_bytes; }
 };
 
 struct LayerWeights {
@@ -196,12 +200,17 @@ void moe_route(const float* logits, int E, int K, int32_t* choice, float* weight
 
 class Model {
  public:
-  explicit Model(const std::string& path, Residency residency = Residency::kMapped);
+  // tiles_for: the kernels the forward will run; where they have a weight-tile body and the weights are
+  // a private copy (Residency::kHugePages granted), the Q4_0 / Q4_1 / Q8_0 matrices whose rows are a
+  // multiple of 16 are packed as weight tiles in place (quant.h).
+  explicit Model(const std::string& path, Residency residency = Residency::kMapped, const Kernels* tiles_for = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   const GgufFile& file() const { return *file_; }
   // Bytes of every weight read by one decode step (the shared weight stream).
   size_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of the weights packed as tiles (0: every weight in rows).
+  size_t tile_bytes() const { return tile_bytes_; }
   // The weights, for forwards that run elsewhere (device_forward.cpp uploads them to a device).
   const Weight& tok_embd() const { return tok_embd_; }
   const Weight& output() const { return output_; }  // tok_embd() when tied
@@ -228,6 +237,7 @@ class Model {
   Weight load_stacked(const std::string& name, int64_t n_mat, int64_t rows, int64_t cols) const;
   void read_config();
   void moe_ffn(const LayerWeights& L, int T, ThreadPool& pool, const Kernels& kern, Workspace& ws) const;
+  void pack_tiles();
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig cfg_;
@@ -237,6 +247,7 @@ class Model {
   std::vector<float> rope_freqs_;  // (head_dim/2,) frequency divisors; empty: none
   std::vector<LayerWeights> layers_;
   size_t weight_bytes_ = 0;
+  size_t tile_bytes_ = 0;
 };
 
 }  // namespace kvs

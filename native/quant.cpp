@@ -1,6 +1,7 @@
 #include "quant.h"
 
 #include <stdexcept>
+#include <vector>
 
 namespace kvs {
 
@@ -151,6 +152,62 @@ size_t row_bytes(GgmlType type, int64_t n) {
                                 std::to_string(t.block_elems) + " elements, got " + std::to_string(n));
   }
   return static_cast<size_t>(n / t.block_elems) * static_cast<size_t>(t.block_bytes);
+}
+
+bool weight_tiles_type(GgmlType type) {
+  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0;
+}
+
+namespace {
+
+// Calls fn(row_offset, tile_offset, bytes) for each piece of row r of a weight tile (layout in quant.h).
+template <typename Fn>
+void for_each_weight_tile_piece(GgmlType type, int r, int64_t n, Fn&& fn) {
+  if (!weight_tiles_type(type)) {
+    throw std::invalid_argument("weight type " + std::string(type_traits(static_cast<uint32_t>(type)).name) +
+                                " has no tile layout (Q4_0, Q4_1 and Q8_0 have)");
+  }
+  if (r < 0 || r >= kWeightTileRows) {
+    throw std::invalid_argument("weight tile row " + std::to_string(r) + " is outside 0..15");
+  }
+  const size_t block = static_cast<size_t>(type_traits(static_cast<uint32_t>(type)).block_bytes);
+  const size_t nb = row_bytes(type, n) / block;
+  const size_t head = type == GgmlType::Q4_1 ? 2 * sizeof(uint16_t) : sizeof(uint16_t);  // d (and m)
+  const size_t groups = (block - head) / 4;  // 4-byte groups of a block's quants
+  const size_t scales = 32 * nb * (head / sizeof(uint16_t));
+  const size_t rr = static_cast<size_t>(r);
+  for (size_t b = 0; b < nb; ++b) {
+    fn(b * block, 2 * (kWeightTileRows * b + rr), sizeof(uint16_t));
+    if (type == GgmlType::Q4_1)
+      fn(b * block + sizeof(uint16_t), 32 * nb + 2 * (kWeightTileRows * b + rr), sizeof(uint16_t));
+    for (size_t k = 0; k < groups; ++k)
+      fn(b * block + head + 4 * k, scales + 64 * (groups * b + k) + 4 * rr, size_t{4});
+  }
+}
+
+}  // namespace
+
+void weight_tile_put_row(GgmlType type, const void* row, uint8_t* tile, int r, int64_t n) {
+  const auto* src = static_cast<const uint8_t*>(row);
+  for_each_weight_tile_piece(type, r, n, [&](size_t ro, size_t to, size_t k) { std::memcpy(tile + to, src + ro, k); });
+}
+
+void weight_tile_get_row(GgmlType type, const uint8_t* tile, int r, void* row, int64_t n) {
+  auto* dst = static_cast<uint8_t*>(row);
+  for_each_weight_tile_piece(type, r, n, [&](size_t ro, size_t to, size_t k) { std::memcpy(dst + ro, tile + to, k); });
+}
+
+void pack_weight_tiles(GgmlType type, uint8_t* data, int64_t rows, int64_t n) {
+  if (rows % kWeightTileRows != 0) {
+    throw std::invalid_argument("pack_weight_tiles: " + std::to_string(rows) + " rows are not a multiple of 16");
+  }
+  const size_t rb = row_bytes(type, n), tile = kWeightTileRows * rb;
+  std::vector<uint8_t> rows16(tile);
+  for (int64_t t = 0; t < rows / kWeightTileRows; ++t) {
+    uint8_t* p = data + static_cast<size_t>(t) * tile;
+    std::memcpy(rows16.data(), p, tile);
+    for (int r = 0; r < kWeightTileRows; ++r) weight_tile_put_row(type, rows16.data() + r * rb, p, r, n);
+  }
 }
 
 }  // namespace kvs

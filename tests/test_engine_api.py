@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from swarm.gguf_header import read_header
 from worker.engine import Engine, Sampling
 
 
@@ -105,13 +106,24 @@ def _huge_pages_expected(path: Path) -> bool:
 
 
 def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) -> None:  # type: ignore[no-untyped-def]
-    """The weights in a huge-page copy (the default) and in the file's map are the same bytes: the
-    same logits bit for bit and the same text; memory() says where they live."""
+    """The weights in a huge-page copy (the default; packed as 16-row tiles where the kernels have tile
+    bodies) and in the file's map (rows) give the same logits bit for bit and the same text; memory()
+    says where they live and how many bytes are tiles."""
     prompt = "The capital of France is"
     copied = Engine(default_model, kv_k="q8_0", kv_v="q8_0")
     mapped = Engine(default_model, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     assert copied.memory()["weights_huge_pages"] == _huge_pages_expected(default_model)
     assert not mapped.memory()["weights_huge_pages"]
+    # In the copy, the levels with tile bodies (those that store KV tiles) pack every 2-D Q4_0 / Q4_1 /
+    # Q8_0 matrix with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
+    packable = sum(
+        t.nbytes
+        for t in read_header(default_model).tensors.values()
+        if t.ggml_type in (2, 3, 8) and len(t.dims) == 2 and t.dims[1] % 16 == 0
+    )
+    tiled = copied.memory()["weights_huge_pages"] and copied.memory()["key_tiles"]
+    assert copied.memory()["weight_tile_bytes"] == (packable if tiled else 0)
+    assert mapped.memory()["weight_tile_bytes"] == 0
     ids = copied.tokenizer.encode(prompt)
     got = []
     for eng in (copied, mapped):

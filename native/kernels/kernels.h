@@ -99,6 +99,13 @@ struct Kernels {
                            float* acc, int G, int hd, const PrefetchRuns& ahead);
   // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
   bool value_tiles;
+  // n_tiles consecutive weight tiles (quant.h) of one Q4_0 / Q4_1 / Q8_0 matrix with rows of n elements
+  // against T activation rows: out[16 i + r + t * out_stride] = (row r of tile i) . a_t, the same bits
+  // as dot_q_rows on the rows.
+  void (*dot_q_tiles)(GgmlType type, const uint8_t* tiles, int64_t n_tiles, const BlockQ8A* a, int64_t a_stride, int T,
+                      int64_t n, float* out, int64_t out_stride);
+  // Whether this level has a weight-tile body, so that the CPU backend packs its weights as tiles.
+  bool weight_tiles;
 };
 
 // Rows one attn_accum_tiles call sums, at most (a SIMD body's 8-bit partial sums stay inside int32).
@@ -133,6 +140,24 @@ void attn_scores_tile_rows(KvFormat f, const uint8_t* tile, int off, int cnt, co
   const size_t rb = kv_row_bytes(f, hd);
   for (int j = 0; j < cnt; ++j) kv_tile_get_row(f, KvTile::Keys, tile, off + j, rows + j * rb, hd);
   Scores(f, rows, rb, cnt, zero_queries(), qq, G, hd, s, ld);
+}
+
+// dot_q_tiles for a level without a tile body: each tile's rows copied out, then its row body.
+template <auto Rows>
+void dot_q_tiles_rows(GgmlType type, const uint8_t* tiles, int64_t n_tiles, const BlockQ8A* a, int64_t a_stride, int T,
+                      int64_t n, float* out, int64_t out_stride) {
+  const size_t rb = row_bytes(type, n), tile = kWeightTileRows * rb;
+  std::vector<uint8_t> rows(tile);
+  const void* w[kWeightTileRows];
+  float* outs[kWeightTileRows];
+  for (int64_t i = 0; i < n_tiles; ++i) {
+    for (int r = 0; r < kWeightTileRows; ++r) {
+      weight_tile_get_row(type, tiles + i * tile, r, rows.data() + r * rb, n);
+      w[r] = rows.data() + r * rb;
+      outs[r] = out + kWeightTileRows * i + r;
+    }
+    Rows(type, w, kWeightTileRows, a, a_stride, T, n, outs, out_stride);
+  }
 }
 
 // x (n,) -> n/32 blocks that all share one scale max|x|/127 (queries for q8_head keys).

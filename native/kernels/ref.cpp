@@ -545,6 +545,7 @@ const Kernels& kernels_ref() {
                          exp_sum,     silu_mul,
                          dot_q_rows,  attn_scores_tile_rows<attn_scores>,
                          false,       attn_accum_tiles_ref,
+                         false,       dot_q_tiles_rows<dot_q_rows>,
                          false};
   return k;
 }

@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
   const int64_t rows = argc > 3 ? std::atoll(argv[3]) : 1536;
   const int64_t cols = argc > 4 ? std::atoll(argv[4]) : 576;
   const int reps = argc > 5 ? std::atoi(argv[5]) : 50;
+  // "tiles": the rows packed as weight tiles (quant.h) and served by dot_q_tiles, as the CPU backend does.
+  const bool tiles = argc > 6 && std::string(argv[6]) == "tiles";
   GgmlType type = GgmlType::F32;
   bool found = false;
   for (uint32_t i = 0; i < 64; ++i) {
@@ -167,8 +169,16 @@ int main(int argc, char** argv) {
       if (type == GgmlType::Q4_1) std::memcpy(&w[o + 2], &h, 2);
     }
   }
-  std::printf("# %s %s, %lld x %lld (%.2f MB of weights), one thread, best of %d\n", level.c_str(), tname.c_str(),
-              static_cast<long long>(rows), static_cast<long long>(cols), w.size() / 1e6, reps);
+  if (tiles) {
+    if (!weight_tiles_type(type) || rows % kWeightTileRows != 0) {
+      std::fprintf(stderr, "tiles: Q4_0, Q4_1 or Q8_0 with rows a multiple of 16\n");
+      return 2;
+    }
+    pack_weight_tiles(type, w.data(), rows, cols);
+  }
+  std::printf("# %s %s, %lld x %lld (%.2f MB of weights, %s), one thread, best of %d\n", level.c_str(), tname.c_str(),
+              static_cast<long long>(rows), static_cast<long long>(cols), w.size() / 1e6, tiles ? "tiles" : "rows",
+              reps);
   // A plain read of as many bytes (at least 1 MiB) on one thread: what the rows could stream at.
   const double read_bps = measure_read_bandwidth(1, std::max<size_t>(w.size(), size_t{1} << 20), reps);
   std::printf("plain read      %7.2f GB/s of weights\n", read_bps / 1e9);
@@ -183,7 +193,8 @@ int main(int argc, char** argv) {
     double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+      if (tiles) k.dot_q_tiles(type, w.data(), rows / kWeightTileRows, a.data(), nb, T, cols, out.data(), rows);
+      for (int64_t r0 = 0; !tiles && r0 < rows; r0 += kMaxRows) {
         const int R = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
         const void* wp[kMaxRows];
         float* op[kMaxRows];

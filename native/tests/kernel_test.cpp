@@ -488,6 +488,78 @@ void test_key_tiles(const Kernels& k, const Kernels& ref) {
   }
 }
 
+// Weight tiles (quant.h) and dot_q_tiles (kernels.h): the layout at hand-derived offsets and the round
+// trip, pack_weight_tiles in place, and dot_q_tiles against the level's dot_q (and, on x86, the
+// reference's) bit for bit, with the gaps between output rows untouched.
+void test_weight_tiles(const Kernels& k, const Kernels& ref) {
+  const std::string L = k.name;
+  const bool x86_level = L == "avx2" || L == "avx512";
+  std::mt19937 rng(47);
+  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
+    const std::string name = type_traits(static_cast<uint32_t>(t)).name;
+    for (const int n : {64, 96, 576}) {
+      const int nb = n / kQK;
+      const size_t rb = row_bytes(t, n);
+      const size_t blk = rb / nb;
+      constexpr int kTiles = 3;
+      const int R = kWeightTileRows * kTiles;
+      std::vector<uint8_t> rows(rb * R);
+      for (int j = 0; j < R; ++j) {
+        if (j % 4 == 3) {
+          // Raw quant bytes (every int8 including -128, every nibble) under sane scales.
+          for (size_t i = 0; i < rb; ++i) rows[j * rb + i] = static_cast<uint8_t>(rng());
+          for (int b = 0; b < nb; ++b) {
+            const uint16_t d = fp32_to_fp16(0.01f * static_cast<float>(1 + b));
+            const uint16_t m = fp32_to_fp16(-0.05f * static_cast<float>(1 + b % 3));
+            std::memcpy(&rows[j * rb + b * blk], &d, sizeof d);
+            if (t == GgmlType::Q4_1) std::memcpy(&rows[j * rb + b * blk + 2], &m, sizeof m);
+          }
+        } else {
+          auto row = make_row(t, randn(rng, n, 0.5f), rng);
+          std::memcpy(&rows[j * rb], row.data(), rb);
+        }
+      }
+      std::vector<uint8_t> tiles = rows, back(rb);
+      pack_weight_tiles(t, tiles.data(), R, n);
+      bool ok = true;
+      for (int j = 0; j < R; ++j) {
+        weight_tile_get_row(t, tiles.data() + (j / 16) * 16 * rb, j % 16, back.data(), n);
+        ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
+      }
+      // Row 5 of tile 1 (row 21): block 1's scale at 2 * (16 + 5); Q4_1's minimum at 32 nb + 2 * (16 + 5);
+      // block 1's quant bytes 4..7 (group 1) at S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 nb (64 nb for
+      // Q4_1), groups = 8 (Q8_0) or 4.
+      const uint8_t* tile1 = tiles.data() + 16 * rb;
+      const uint8_t* row21 = rows.data() + 21 * rb;
+      const size_t head = t == GgmlType::Q4_1 ? 4 : 2, groups = t == GgmlType::Q8_0 ? 8 : 4;
+      const size_t S = t == GgmlType::Q4_1 ? 64 * nb : 32 * nb;
+      ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk], 2) == 0;
+      if (t == GgmlType::Q4_1) ok = ok && std::memcmp(&tile1[32 * nb + 2 * (16 + 5)], &row21[blk + 2], 2) == 0;
+      ok = ok && std::memcmp(&tile1[S + 64 * (groups + 1) + 20], &row21[blk + head + 4], 4) == 0;
+      check(ok, L + " weight tile layout and round trip " + name + " n=" + std::to_string(n));
+      bool same = true;
+      for (const int T : {1, 2, 3, 5, 16, 17, 33}) {
+        auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
+        std::vector<BlockQ8A> qt(static_cast<size_t>(T) * nb);
+        for (int a = 0; a < T; ++a) ref.quantize_act(acts.data() + a * n, qt.data() + a * nb, n);
+        const int64_t stride = R + 3;  // out[r + t * stride]: 3 untouched floats after each activation row
+        std::vector<float> o(static_cast<size_t>(stride) * T, NAN);
+        k.dot_q_tiles(t, tiles.data(), kTiles, qt.data(), nb, T, n, o.data(), stride);
+        for (int a = 0; a < T; ++a) {
+          const BlockQ8A* at = qt.data() + static_cast<size_t>(a) * nb;
+          for (int j = 0; j < R; ++j) {
+            const float got = o[a * stride + j];
+            same = same && got == k.dot_q(t, rows.data() + j * rb, at, n);
+            if (x86_level) same = same && got == ref.dot_q(t, rows.data() + j * rb, at, n);
+          }
+          for (int g = R; g < stride; ++g) same = same && std::isnan(o[a * stride + g]);
+        }
+      }
+      check(same, L + " dot_q_tiles " + name + " n=" + std::to_string(n));
+    }
+  }
+}
+
 // Value tiles (kv_format.h) and attn_accum_tiles (kernels.h): the layout at hand-derived offsets and
 // the round trip; a sum worked out by hand; each level against the reference bit for bit; the
 // reference inside its derived bound of a float64 sum.
@@ -699,6 +771,7 @@ int main() {
     test_draw(kernels_for(level));
     test_key_tiles(kernels_for(level), ref);
     test_value_tiles(kernels_for(level), ref);
+    test_weight_tiles(kernels_for(level), ref);
     if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
   }
   test_kv_store_rounding();
