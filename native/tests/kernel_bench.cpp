@@ -182,7 +182,10 @@ int main(int argc, char** argv) {
   // A plain read of as many bytes (at least 1 MiB) on one thread: what the rows could stream at.
   const double read_bps = measure_read_bandwidth(1, std::max<size_t>(w.size(), size_t{1} << 20), reps);
   std::printf("plain read      %7.2f GB/s of weights\n", read_bps / 1e9);
-  for (const int T : {1, 2, 4, 8, 16, 32}) {
+  // argv[7]: one activation-row count instead of the list.
+  std::vector<int> counts = {1, 2, 4, 8, 16, 32};
+  if (argc > 7) counts = {std::atoi(argv[7])};
+  for (const int T : counts) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(T) * cols);
     for (auto& v : x) v = nd(rng);
