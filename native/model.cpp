@@ -338,13 +338,18 @@ Model::Model(const std::string& path, Residency residency, const Kernels* tiles_
 }
 
 void Model::pack_tiles() {
-  // The 2-D matrices (tied embeddings share one tensor: packed once, both views marked). The MoE experts'
-  // stacks stay in rows.
-  std::vector<Weight*> ws = {&tok_embd_, &output_};
-  for (LayerWeights& L : layers_) ws.insert(ws.end(), {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate, &L.up, &L.down});
+  // Each matrix with its rows (tied embeddings share one tensor: packed once, both views marked). An MoE
+  // stack is packed where each expert's rows are a multiple of 16, so that every expert (moe_ffn's view
+  // at e * rows) starts on a tile.
+  const ModelConfig& c = cfg_;
+  std::vector<std::pair<Weight*, int64_t>> ws = {{&tok_embd_, tok_embd_.rows}, {&output_, output_.rows}};
+  for (LayerWeights& L : layers_) {
+    for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate, &L.up, &L.down}) ws.emplace_back(w, w->rows);
+    ws.insert(ws.end(), {{&L.gate_exps, c.n_ff_exp}, {&L.up_exps, c.n_ff_exp}, {&L.down_exps, c.n_embd}});
+  }
   std::vector<const uint8_t*> packed;
-  for (Weight* w : ws) {
-    if (w->data == nullptr || !weight_tiles_type(w->type) || w->rows % kWeightTileRows != 0) continue;
+  for (const auto& [w, rows] : ws) {
+    if (w->data == nullptr || !weight_tiles_type(w->type) || rows <= 0 || rows % kWeightTileRows != 0) continue;
     if (std::find(packed.begin(), packed.end(), w->data) == packed.end()) {
       const GgufTensor* t = nullptr;
       for (const GgufTensor& x : file_->tensors()) {

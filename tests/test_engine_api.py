@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tinymodels import TINY_SPECS, tiny_model
 
 from swarm.gguf_header import read_header
 from worker.engine import Engine, Sampling
@@ -137,6 +138,43 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
     small = min(tiny_models.values(), key=lambda p: p.stat().st_size)
     assert small.stat().st_size < 2 << 20
     assert not Engine(small).memory()["weights_huge_pages"]
+
+
+def _expected_tile_bytes(path: Path) -> int:
+    """The bytes Model::pack_tiles should pack, from the file's header: every Q4_0 / Q4_1 / Q8_0 matrix
+    whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
+    total = 0
+    for t in read_header(path).tensors.values():
+        if t.ggml_type in (2, 3, 8) and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
+            total += t.nbytes
+    return total
+
+
+@pytest.mark.parametrize("family", sorted(TINY_SPECS))
+def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str) -> None:
+    """Each architecture's Q8_0 tiny model (over 2 MiB: its huge-page copy is packed as weight tiles,
+    MoE expert stacks included) gives the same logits bit for bit as its rows in the file's map, over a
+    prefill and batched decode steps of two sequences."""
+    path = tiny_model(family, "Q8_0")
+    tiled = Engine(path, kv_k="q8_0", kv_v="q8_0")
+    rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
+    mem = tiled.memory()
+    assert mem["weight_tile_bytes"] == (
+        _expected_tile_bytes(path) if mem["weights_huge_pages"] and mem["key_tiles"] else 0
+    )
+    assert rows.memory()["weight_tile_bytes"] == 0
+    got = []
+    for eng in (tiled, rows):
+        a = eng.add_sequence([1, 5, 9, 14, 3, 27, 8], Sampling(max_new_tokens=4))
+        b = eng.add_sequence([2, 11, 6], Sampling(max_new_tokens=4))
+        steps = []
+        for _ in range(4):
+            eng.step()
+            steps.append(eng.last_logits().tobytes())
+        got.append(steps)
+        eng.free(a)
+        eng.free(b)
+    assert got[0] == got[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
