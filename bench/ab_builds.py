@@ -14,8 +14,9 @@ V both that format; worker.calibrate.measure_quality, float32 activations): mean
 agreement over the calibration text's first --quality-tokens tokens, each build's own f32 cache the reference;
 they do not depend on the machine's speed, so one round gives them. --metric attention_ms times only the
 attention part of the steps (the engine's timers, Engine.set_timers), which swings less than the whole
-step's tok/s; there a ratio below 1 is the faster side. --best-of K times K blocks of --steps steps per
-cell and keeps the best (depth + 1 + K * steps must fit the model's context).
+step's tok/s; there a ratio below 1 is the faster side (--metric weights_ms: the matmuls' part, alike).
+--best-of K times K blocks of --steps steps per cell and keeps the best (depth + 1 + K * steps must fit the
+model's context).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = 504  # the token fed at the first timed step (bench/decode.py's)
 PREFILL_LEN = 512  # --metric prefill_tok_s: the prompt's length (bench/decode.py's)
+# Metrics read off the engine's step timers: {metric: the timer}, per decode step, best (lowest) block.
+TIMER_METRICS = {"attention_ms": "attention_s", "weights_ms": "weights_s"}
 
 
 def _measure(
@@ -100,20 +103,20 @@ def _measure(
                 eng.step()
                 samples = []
                 for _ in range(best_of):  # blocks of `steps` steps; the best block is the cell's figure
-                    if metric == "attention_ms":
+                    if metric in TIMER_METRICS:
                         eng.set_timers(True)
                         eng.reset_timers()
                     t0 = time.perf_counter()
                     made = sum(len(eng.step()) for _ in range(steps))
                     wall_s = time.perf_counter() - t0
-                    if metric == "attention_ms":
+                    if metric in TIMER_METRICS:
                         t = eng.timers(True)
                         if t["steps"] != steps:
                             sys.exit(f"{kv}@{depth} x{n}: {t['steps']} of {steps} steps ran (past the context?)")
-                        samples.append(1e3 * t["attention_s"] / t["steps"])
+                        samples.append(1e3 * t[TIMER_METRICS[metric]] / t["steps"])
                     else:
                         samples.append(made / wall_s)
-                out[f"{kv}@{depth} x{n}"] = min(samples) if metric == "attention_ms" else max(samples)
+                out[f"{kv}@{depth} x{n}"] = min(samples) if metric in TIMER_METRICS else max(samples)
                 del eng
     return out
 
@@ -131,7 +134,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--metric",
-        choices=["tok_s", "attention_ms", "prefill_tok_s", "quality"],
+        choices=["tok_s", "attention_ms", "weights_ms", "prefill_tok_s", "quality"],
         default="tok_s",
         help="decode tok/s, the attention part of a step (the engine's timers: steadier on this noisy VM), or "
         "the prefill rate of a fresh 512-token prompt (one cell per --kv; --depths and --seqs unused)",
@@ -181,10 +184,11 @@ def main() -> None:
             runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
     what = {
         "attention_ms": "attention ms per decode step",
+        "weights_ms": "matmul (weights) ms per decode step",
         "prefill_tok_s": "prefill tok/s",
         "quality": f"quality over {args.quality_tokens} tokens",
     }.get(args.metric, "decode tok/s")
-    digits = 4 if args.metric == "quality" else 1
+    digits = 4 if args.metric == "quality" else 2 if args.metric in TIMER_METRICS else 1
     drawn = f", tokens drawn with {args.sampling}" if args.sampling else ""
     print(f"# {what}, {args.threads} threads, {args.rounds} alternated rounds{drawn}; median (min-max)")
     for cell in runs["old"][0]:
