@@ -415,9 +415,10 @@ bool GgufFile::huge_pages() const {
   return map_->huge_pages();
 }
 
-uint8_t* GgufFile::writable(const GgufTensor& t) {
+uint8_t* GgufFile::writable(const uint8_t* p) {
   uint8_t* base = map_->writable();
-  return base == nullptr ? nullptr : base + (t.data - map_->data());
+  if (base == nullptr || p < map_->data() || p >= map_->data() + map_->size()) return nullptr;
+  return base + (p - map_->data());
 }
 
 void GgufFile::seal() {

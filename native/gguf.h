@@ -77,8 +77,9 @@ class GgufFile {
   // Whether the bytes ended in huge pages (Residency::kHugePages asked and granted).
   bool huge_pages() const;
   // A huge-page copy stays writable until seal(), so that its owner can rewrite tensors in place (the
-  // model's weight tiles, quant.h): t's bytes, or null for the file's map or a sealed copy.
-  uint8_t* writable(const GgufTensor& t);
+  // model's weight tiles, quant.h): the writable alias of p (a tensor's data), or null for the file's
+  // map, a sealed copy or a pointer outside the file.
+  uint8_t* writable(const uint8_t* p);
   // Makes a huge-page copy read-only (a stray write then faults, as on the map); idempotent.
   void seal();
 

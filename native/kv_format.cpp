@@ -132,41 +132,53 @@ bool kv_format_tiles(KvFormat f) {
 
 namespace {
 
-// Calls fn(row_offset, tile_offset, bytes) for each piece of row r of a tile (layout in kv_format.h).
-template <typename Fn>
-void for_each_tile_piece(KvFormat f, KvTile kind, int r, int head_dim, Fn&& fn) {
+void check_tile_row(KvFormat f, int r, int head_dim) {
   if (!kv_format_tiles(f)) throw std::invalid_argument(std::string("KV format ") + kv_format_name(f) + " has no tiles");
   if (r < 0 || r >= kKeyTileRows) throw std::invalid_argument("KV tile row " + std::to_string(r) + " is outside 0..15");
+  kv_row_bytes(f, head_dim);  // throws for a head_dim the format cannot hold
+}
+
+static_assert(kKeyTileRows == kWeightTileRows, "a key tile is a weight tile");
+
+// A key tile is the weight tile (quant.h) of the same block format: the layout has one home.
+GgmlType key_tile_type(KvFormat f) {
+  return f == KvFormat::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
+}
+
+// Calls fn(row_offset, tile_offset, bytes) for each piece of row r of a value tile (layout in kv_format.h).
+template <typename Fn>
+void for_each_value_piece(KvFormat f, int r, int head_dim, Fn&& fn) {
   const size_t block = f == KvFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
   const size_t nb = kv_row_bytes(f, head_dim) / block;
   const size_t quants = block - sizeof(uint16_t);  // Q: bytes of a block's quants
   const size_t rr = static_cast<size_t>(r);
   for (size_t b = 0; b < nb; ++b) {
     fn(b * block, 2 * (kKeyTileRows * b + rr), sizeof(uint16_t));
-    if (kind == KvTile::Keys) {
-      const size_t groups = quants / 4;  // 4-byte groups of a block's quants
-      for (size_t k = 0; k < groups; ++k) {
-        fn(b * block + sizeof(uint16_t) + 4 * k, 32 * nb + 64 * (groups * b + k) + 4 * rr, size_t{4});
-      }
-    } else {
-      const size_t quad = 32 * nb + 4 * quants * (kKeyTileRows / 4 * b + rr / 4) + rr % 4;
-      for (size_t j = 0; j < quants; ++j) fn(b * block + sizeof(uint16_t) + j, quad + 4 * j, size_t{1});
-    }
+    const size_t quad = 32 * nb + 4 * quants * (kKeyTileRows / 4 * b + rr / 4) + rr % 4;
+    for (size_t j = 0; j < quants; ++j) fn(b * block + sizeof(uint16_t) + j, quad + 4 * j, size_t{1});
   }
 }
 
 }  // namespace
 
 void kv_tile_put_row(KvFormat f, KvTile kind, const void* row, uint8_t* tile, int r, int head_dim) {
+  check_tile_row(f, r, head_dim);
+  if (kind == KvTile::Keys) {
+    weight_tile_put_row(key_tile_type(f), row, tile, r, head_dim);
+    return;
+  }
   const auto* src = static_cast<const uint8_t*>(row);
-  for_each_tile_piece(f, kind, r, head_dim,
-                      [&](size_t ro, size_t to, size_t n) { std::memcpy(tile + to, src + ro, n); });
+  for_each_value_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(tile + to, src + ro, n); });
 }
 
 void kv_tile_get_row(KvFormat f, KvTile kind, const uint8_t* tile, int r, void* row, int head_dim) {
+  check_tile_row(f, r, head_dim);
+  if (kind == KvTile::Keys) {
+    weight_tile_get_row(key_tile_type(f), tile, r, row, head_dim);
+    return;
+  }
   auto* dst = static_cast<uint8_t*>(row);
-  for_each_tile_piece(f, kind, r, head_dim,
-                      [&](size_t ro, size_t to, size_t n) { std::memcpy(dst + ro, tile + to, n); });
+  for_each_value_piece(f, r, head_dim, [&](size_t ro, size_t to, size_t n) { std::memcpy(dst + ro, tile + to, n); });
 }
 
 }  // namespace kvs

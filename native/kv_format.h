@@ -41,7 +41,8 @@ void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim);
 // (q4_0: byte j holds dims j and j + 16 as stored). So 4 Q bytes hold a quad's block: lane x (4 bytes)
 // of a q8_0 quad's first (second) 64-byte line is dim x (16 + x) of its 4 rows; a q4_0 quad's one
 // line holds dims 0-15 in its low nibbles and 16-31 in its high ones, in the same order.
-// Snapshots, device pools and every other reader see rows (kv_tile_get_row / kv_tile_put_row).
+// Snapshots, device pools and every other reader see rows (kv_tile_get_row / kv_tile_put_row). A key
+// tile is the weight tile of the same block format (quant.h), which both share.
 constexpr int kKeyTileRows = 16;
 enum class KvTile { Keys, Values };
 // Formats that have a tile layout: q8_0 and q4_0.

@@ -351,11 +351,7 @@ void Model::pack_tiles() {
   for (const auto& [w, rows] : ws) {
     if (w->data == nullptr || !weight_tiles_type(w->type) || rows <= 0 || rows % kWeightTileRows != 0) continue;
     if (std::find(packed.begin(), packed.end(), w->data) == packed.end()) {
-      const GgufTensor* t = nullptr;
-      for (const GgufTensor& x : file_->tensors()) {
-        if (x.data == w->data) t = &x;
-      }
-      uint8_t* bytes = t == nullptr ? nullptr : file_->writable(*t);
+      uint8_t* bytes = file_->writable(w->data);
       if (bytes == nullptr) continue;
       pack_weight_tiles(w->type, bytes, w->rows, w->cols);
       packed.push_back(w->data);
