@@ -14,9 +14,11 @@ other (norms, RoPE, K/V writes, activations, embedding, sampling). Per case it p
     of limit     ours / limit
     split        weights / attention / other, as shares of the timed step time
 
-The bandwidth is worker._native.measure_read_bandwidth with the same threads, measured at the start
-and again at the end (the machine's bandwidth swings); the limit uses the larger of the two.
-Cases run --rounds times, interleaved (every case once, then again); figures are median (min-max).
+The bandwidth is worker._native.measure_read_bandwidth with the same threads (a read of 512 MiB in huge
+pages, as the weights are), measured right before every sample: this VM's bandwidth swung from 34 to
+52 GB/s within minutes, so a limit from the run's start or end misjudged samples taken in between. Each
+sample's of-limit is its tok/s against its own limit. Cases run --rounds times, interleaved (every case
+once, then again); figures are median (min-max) over the samples.
 Deep contexts are made by Engine.fill_kv (decode cost does not depend on how the cache was made).
 Cases whose KV would exceed --max-kv-gib are skipped and listed. Writes bench/results/roofline.json
 (roofline-<model>.json for another --model).
@@ -40,8 +42,8 @@ from worker.formats import KV_FORMATS, kv_row_bytes
 from worker.models import resolve_model
 
 TOKEN = 504  # the token every sequence feeds at its first step (as bench/decode.py)
-BANDWIDTH_BYTES = 1 << 30  # read-bandwidth buffer: well past the last-level cache
-BANDWIDTH_REPEATS = 3
+BANDWIDTH_BYTES = 1 << 29  # read-bandwidth buffer: well past the last-level cache
+BANDWIDTH_REPEATS = 2
 
 
 @dataclass(frozen=True)
@@ -124,33 +126,41 @@ def main() -> None:
 
     started = time.time()
     load = os.getloadavg()
-    bw_start = _native.measure_read_bandwidth(args.threads, BANDWIDTH_BYTES, BANDWIDTH_REPEATS)
     samples: dict[Case, list[dict[str, Any]]] = {c: [] for c in cases}
     for _ in range(args.rounds):
         for c in cases:
-            samples[c].append(run_case(engines[c.kv], c, args.n_decode))
-    bw_end = _native.measure_read_bandwidth(args.threads, BANDWIDTH_BYTES, BANDWIDTH_REPEATS)
-    bandwidth = max(bw_start, bw_end)
+            bandwidth = _native.measure_read_bandwidth(args.threads, BANDWIDTH_BYTES, BANDWIDTH_REPEATS)
+            sample = run_case(engines[c.kv], c, args.n_decode)
+            sample["read_bandwidth"] = bandwidth
+            sample["limit_tokens_per_s"] = c.n_seq * bandwidth / sample["bytes_per_step"]
+            sample["of_limit"] = sample["tokens_per_s"] / sample["limit_tokens_per_s"]
+            samples[c].append(sample)
+    bandwidths = spread([x["read_bandwidth"] for s in samples.values() for x in s])
 
     print(
         f"# roofline, {model.name}, {args.threads} threads, isa {next(iter(engines.values())).isa}, "
         f"{args.n_decode} timed steps x {args.rounds} interleaved rounds per case"
     )
     print(
-        f"# read bandwidth {bw_start / 1e9:.1f} GB/s at the start, {bw_end / 1e9:.1f} at the end; limit uses "
-        f"{bandwidth / 1e9:.1f}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start"
+        f"# read bandwidth before each sample {bandwidths['median'] / 1e9:.1f} GB/s "
+        f"({bandwidths['min'] / 1e9:.1f}-{bandwidths['max'] / 1e9:.1f}); "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start"
     )
-    print("# limit = n_seq * bandwidth / bytes per step; of limit = our tok/s / limit; split = share of step time")
+    print(
+        "# limit = n_seq * bandwidth / bytes per step and of limit = tok/s / limit, per sample (the bandwidth "
+        "measured before it); split = share of step time"
+    )
     print(
         f"{'seqs':>4} {'depth':>5} {'kv':>7} {'MB/step':>8} {'(weights':>8} {'KV)':>7} {'limit':>7}"
-        f" {'ours tok/s':>19} {'of limit':>8} {'weights':>7} {'attn':>5} {'other':>5} {'ms/step':>7}"
+        f" {'ours tok/s':>19} {'of limit':>16} {'weights':>7} {'attn':>5} {'other':>5} {'ms/step':>7}"
     )
     cells = []
     for c in cases:
         s = samples[c]
         tps = spread([x["tokens_per_s"] for x in s])
         bytes_step = statistics.median(x["bytes_per_step"] for x in s)
-        limit = c.n_seq * bandwidth / bytes_step
+        limit = statistics.median(x["limit_tokens_per_s"] for x in s)
+        of_limit = spread([x["of_limit"] for x in s])
         shares = {k: statistics.median(x[k] for x in s) for k in ("weights_share", "attention_share", "other_share")}
         cell = {
             "n_seq": c.n_seq,
@@ -160,16 +170,17 @@ def main() -> None:
             "tokens_per_s": tps,
             "bytes_per_step": bytes_step,
             "limit_tokens_per_s": limit,
-            "of_limit": tps["median"] / limit,
+            "of_limit": of_limit,
             **shares,
         }
         cells.append(cell)
         tps_text = f"{tps['median']:.1f} ({tps['min']:.0f}-{tps['max']:.0f})"
+        of_text = f"{of_limit['median']:.2f} ({of_limit['min']:.2f}-{of_limit['max']:.2f})"
         print(
             f"{c.n_seq:4d} {c.depth:5d} {c.kv:>7} {bytes_step / 1e6:8.1f} "
             f"{statistics.median(x['weight_bytes_per_step'] for x in s) / 1e6:8.1f} "
             f"{statistics.median(x['kv_bytes_per_step'] for x in s) / 1e6:7.1f} {limit:7.1f} {tps_text:>19} "
-            f"{cell['of_limit']:8.2f} {shares['weights_share']:7.2f} {shares['attention_share']:5.2f} "
+            f"{of_text:>16} {shares['weights_share']:7.2f} {shares['attention_share']:5.2f} "
             f"{shares['other_share']:5.2f} {statistics.median(x['step_ms'] for x in s):7.2f}",
             flush=True,
         )
@@ -189,7 +200,7 @@ def main() -> None:
         record_name("roofline", args.model),
         parameters,
         cells,
-        read_bandwidth_bytes_per_s=[bw_start, bw_end],
+        read_bandwidth_bytes_per_s=[x["read_bandwidth"] for c in cases for x in samples[c]],
         load_average=list(load),
     )
     print(f"# written: {path}")

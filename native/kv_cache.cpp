@@ -1,7 +1,5 @@
 #include "kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -9,29 +7,13 @@
 #include <string>
 #include <utility>
 
+#include "huge_pages.h"
+
 namespace kvs {
 
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kSlabTarget = size_t{8} << 20;  // blocks per slab: as many as fit in ~8 MiB, at least one
-
-// size bytes of zeroed memory at a kHugePage boundary, advised for transparent huge pages (where the
-// kernel has them; elsewhere plain pages). Pages are touched lazily; since a block's runs spread over the
-// slab (kv_cache.h), a slab's first block can commit up to the whole slab where huge pages are on.
-std::shared_ptr<uint8_t> map_slab(size_t size) {
-  const size_t span = size + kHugePage;
-  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  auto* base = static_cast<uint8_t*>(raw);
-  auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1));
-  if (p > base) munmap(base, static_cast<size_t>(p - base));
-  if (p + size < base + span) munmap(p + size, static_cast<size_t>(base + span - (p + size)));
-#ifdef MADV_HUGEPAGE
-  madvise(p, size, MADV_HUGEPAGE);  // advice only: without it the slab still works
-#endif
-  return std::shared_ptr<uint8_t>(p, [size](uint8_t* q) { munmap(q, size); });
-}
 
 }  // namespace
 
@@ -73,8 +55,8 @@ void KvPool::init() {
   bytes_per_token_ = static_cast<size_t>(g.n_layer) * g.n_kv_head * (k_row_ + v_row_);
   block_bytes_ = bytes_per_token_ * g.block_tokens;
   if (block_bytes_ != 0) {
-    slab_bytes_ =
-        (std::max(size_t{1}, kSlabTarget / block_bytes_) * block_bytes_ + kHugePage - 1) / kHugePage * kHugePage;
+    slab_bytes_ = (std::max(size_t{1}, kSlabTarget / block_bytes_) * block_bytes_ + kHugePageBytes - 1) /
+                  kHugePageBytes * kHugePageBytes;
     slab_blocks_ = slab_bytes_ / block_bytes_;
   }
   slab_layer_ = slab_blocks_ * layer_bytes_;
@@ -113,7 +95,7 @@ int KvPool::acquire() {
     HostRows rows{nullptr, nullptr};
     if (host_storage_ && block_bytes_ != 0) {
       if (slabs_.empty() || slab_used_ == slab_blocks_) {
-        slabs_.push_back(map_slab(slab_bytes_));
+        slabs_.push_back(map_huge_pages(slab_bytes_));
         slab_used_ = 0;
       }
       uint8_t* slab = slabs_.back().get();

@@ -6,8 +6,8 @@
 
 namespace kvs {
 
-// Bytes per second reading a buffer of `bytes` (far larger than the caches)
-// with `threads` threads of the engine's pool; best of `repeats` passes.
+// Bytes per second reading a buffer of `bytes` (far larger than the caches, in transparent huge pages
+// where the kernel has them) with `threads` threads of the engine's pool; best of `repeats` passes.
 double measure_read_bandwidth(int threads, size_t bytes, int repeats);
 
 }  // namespace kvs
