@@ -60,15 +60,36 @@ size_t kv_row_bytes(KvFormat f, int head_dim) {
   throw std::invalid_argument("kv_row_bytes: bad format");
 }
 
+// Every step writes its K/V rows through these, so they inline what libm calls would do per value:
+// fmax and nearbyint were two calls per value on the portable baseline (no SSE4.1 round). The file is
+// built with -ffp-contract=off (CMakeLists.txt), so no compiler fuses a product into an addition and the
+// bytes are the same on every machine.
+
+// The largest |x_i| (a NaN never replaces it, as fmax).
+inline float abs_max(const float* x, int n) {
+  float m = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// nearbyint(v) in the default rounding mode (to nearest, ties to even) for |v| <= 2^22: adding 1.5 * 2^23
+// leaves no fraction bits, so the addition rounds v to an integer and the subtraction is exact.
+inline float round_even(float v) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  return (v + kShift) - kShift;
+}
+
 static void store_q8_0(const float* x, BlockQ8_0* out, int n) {
   for (int b = 0; b < n / kQK; ++b) {
     const float* xb = x + b * kQK;
-    float amax = 0.0f;
-    for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
+    const float d = abs_max(xb, kQK) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = fp32_to_fp16(d);
-    for (int i = 0; i < kQK; ++i) out[b].qs[i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+    // |x id| <= 127 (plus rounding): inside round_even's range.
+    for (int i = 0; i < kQK; ++i) out[b].qs[i] = static_cast<int8_t>(round_even(xb[i] * id));
   }
 }
 
@@ -95,13 +116,11 @@ static void store_q4_0(const float* x, BlockQ4_0* out, int n) {
 }
 
 static void store_q8_head(const float* x, uint8_t* out, int n) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  const float s = amax / 127.0f;
+  const float s = abs_max(x, n) / 127.0f;
   const float is = s != 0.0f ? 1.0f / s : 0.0f;
   std::memcpy(out, &s, sizeof(float));
   auto* q = reinterpret_cast<int8_t*>(out + sizeof(float));
-  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * is));
+  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(round_even(x[i] * is));
 }
 
 void kv_store_row(KvFormat f, const float* src, void* dst, int head_dim) {

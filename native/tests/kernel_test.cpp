@@ -705,6 +705,39 @@ void test_kv_store_rounding() {
   ok = s == 1.0f;
   for (int i = 0; i < 12; ++i) ok = ok && static_cast<int8_t>(row[sizeof(float) + i]) == want[i];
   check(ok, "kv_store_row q8_head rounds to nearest, ties to even");
+  // Against the definition written with libm (fmax for the largest magnitude, nearbyint for the rounding),
+  // on random rows of several scales and on rows whose quotients x / d are exact halves (the ties).
+  std::mt19937 rng(11);
+  bool same = true;
+  for (int r = 0; r < 4000 && same; ++r) {
+    float xs[2 * kQK];
+    auto v = randn(rng, 2 * kQK, std::ldexp(1.0f, r % 40 - 20));
+    std::copy(v.begin(), v.end(), xs);
+    if (r % 3 == 0) {
+      for (int i = 0; i < 2 * kQK; ++i) xs[i] = static_cast<float>(static_cast<int>(rng() % 254) - 127) * 0.5f;
+      xs[0] = 127.0f;  // each block's amax 127: d = 1, and every odd multiple of 0.5 is a tie
+      xs[kQK] = -127.0f;
+    }
+    BlockQ8_0 got[2];
+    kv_store_row(KvFormat::Q8_0, xs, got, 2 * kQK);
+    uint8_t head[sizeof(float) + 2 * kQK];
+    kv_store_row(KvFormat::Q8_HEAD, xs, head, 2 * kQK);
+    float hmax = 0.0f;
+    for (int i = 0; i < 2 * kQK; ++i) hmax = std::fmax(hmax, std::fabs(xs[i]));
+    const float hs = hmax / 127.0f, his = hs != 0.0f ? 1.0f / hs : 0.0f;
+    for (int i = 0; i < 2 * kQK; ++i) {
+      same = same && static_cast<int8_t>(head[sizeof(float) + i]) == static_cast<int8_t>(std::nearbyint(xs[i] * his));
+    }
+    for (int b = 0; b < 2; ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(xs[b * kQK + i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      same = same && got[b].d == fp32_to_fp16(d);
+      for (int i = 0; i < kQK; ++i)
+        same = same && got[b].qs[i] == static_cast<int8_t>(std::nearbyint(xs[b * kQK + i] * id));
+    }
+  }
+  check(same, "kv_store_row q8_0 / q8_head equal fmax and nearbyint's bytes");
 }
 
 // draw_token on one level's exp_sum: expectations derived by hand from the logits each case builds.
