@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <new>
 #include <stdexcept>
 
+#include "huge_pages.h"
 #include "quant.h"
 
 namespace kvs {
@@ -69,61 +72,56 @@ class MappedFile {
     }
   }
   ~MappedFile() {
-    if (copy_ != nullptr) {
-      ::munmap(copy_, copy_span_);
-    } else if (data_ != nullptr) {
-      ::munmap(const_cast<uint8_t*>(data_), size_);
-    }
+    if (copy_ == nullptr && data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);  // a copy frees itself
     if (fd_ >= 0) ::close(fd_);
   }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool huge_pages() const { return copy_ != nullptr; }
   // The copy's bytes until seal(); null for the map or once sealed.
-  uint8_t* writable() const { return copy_ != nullptr && !sealed_ ? const_cast<uint8_t*>(data_) : nullptr; }
+  uint8_t* writable() const { return copy_ != nullptr && !sealed_ ? copy_.get() : nullptr; }
   // Makes the copy read-only (a stray write faults, as on the map). False where mprotect fails, which
   // leaves the copy writable and is harmless.
   bool seal() {
     if (copy_ == nullptr || sealed_) return true;
-    sealed_ = ::mprotect(copy_, copy_span_, PROT_READ) == 0;
+    sealed_ = ::mprotect(copy_.get(), copy_bytes_, PROT_READ) == 0;
     return sealed_;
   }
 
  private:
   // Residency::kHugePages: reads the file into a private anonymous region aligned to 2 MiB and advised
-  // MADV_HUGEPAGE, writable until seal() (the model packs weight tiles in it first). False, with nothing
-  // held, where huge pages are not offered, the file is under one huge page, the copy would take more
-  // than half of MemAvailable (the map's pages can be dropped under pressure, an anonymous copy cannot
-  // without swap), or any call fails: the caller maps the file instead.
+  // MADV_HUGEPAGE (map_huge_pages), writable until seal() (the model packs weight tiles in it first). False, with
+  // nothing held, where huge pages are not offered, the file is under one huge page, the copy would take more than half
+  // of MemAvailable (the map's pages can be dropped under pressure, an anonymous copy cannot without swap), or any call
+  // fails: the caller maps the file instead.
   bool copy_into_huge_pages() {
-    constexpr size_t kHuge = size_t{2} << 20;
-    if (size_ < kHuge || !transparent_huge_pages_offered() || size_ > memory_available() / 2) return false;
-    const size_t span = (size_ + kHuge - 1) / kHuge * kHuge + kHuge;  // room to align the start
-    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return false;
-    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~uintptr_t{kHuge - 1});
-    bool ok = ::madvise(base, span - kHuge, MADV_HUGEPAGE) == 0;
+    if (size_ < kHugePageBytes || !transparent_huge_pages_offered() || size_ > memory_available() / 2) return false;
+    const size_t bytes = (size_ + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    std::shared_ptr<uint8_t> copy;
+    bool ok = false;  // the advice taken
+    try {
+      copy = map_huge_pages(bytes, &ok);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
     for (size_t got = 0; ok && got < size_;) {
-      const ssize_t n = ::pread(fd_, base + got, size_ - got, static_cast<off_t>(got));
+      const ssize_t n = ::pread(fd_, copy.get() + got, size_ - got, static_cast<off_t>(got));
       if (n < 0 && errno == EINTR) continue;
       ok = n > 0;
       if (ok) got += static_cast<size_t>(n);
     }
-    if (!ok) {
-      ::munmap(raw, span);
-      return false;
-    }
-    copy_ = raw;
-    copy_span_ = span;
-    data_ = base;
+    if (!ok) return false;  // the copy unmaps itself
+    copy_ = std::move(copy);
+    copy_bytes_ = bytes;
+    data_ = copy_.get();
     return true;
   }
 
   int fd_ = -1;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-  void* copy_ = nullptr;  // the huge-page copy's whole region (data_ inside it), or null for the map
-  size_t copy_span_ = 0;
+  std::shared_ptr<uint8_t> copy_;  // the huge-page copy (data_ is its start), or null for the map
+  size_t copy_bytes_ = 0;
   bool sealed_ = false;
 };
 

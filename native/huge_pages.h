@@ -12,7 +12,7 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // size bytes of zeroed memory at a kHugePageBytes boundary, advised MADV_HUGEPAGE (where the kernel has
 // transparent huge pages; elsewhere plain pages). Pages are committed as they are touched. Throws
-// std::bad_alloc when the map fails.
-std::shared_ptr<uint8_t> map_huge_pages(size_t size);
+// std::bad_alloc when the map fails. advised (if given): whether the kernel took the advice.
+std::shared_ptr<uint8_t> map_huge_pages(size_t size, bool* advised = nullptr);
 
 }  // namespace kvs

@@ -66,7 +66,7 @@ size_t kv_row_bytes(KvFormat f, int head_dim) {
 // bytes are the same on every machine.
 
 // The largest |x_i| (a NaN never replaces it, as fmax).
-inline float abs_max(const float* x, int n) {
+static float abs_max(const float* x, int n) {
   float m = 0.0f;
   for (int i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
@@ -77,7 +77,7 @@ inline float abs_max(const float* x, int n) {
 
 // nearbyint(v) in the default rounding mode (to nearest, ties to even) for |v| <= 2^22: adding 1.5 * 2^23
 // leaves no fraction bits, so the addition rounds v to an integer and the subtraction is exact.
-inline float round_even(float v) {
+static float round_even(float v) {
   constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
   return (v + kShift) - kShift;
 }
