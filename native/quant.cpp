@@ -155,7 +155,7 @@ size_t row_bytes(GgmlType type, int64_t n) {
 }
 
 bool weight_tiles_type(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0;
+  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 || type == GgmlType::Q8_0;
 }
 
 namespace {
@@ -165,7 +165,7 @@ template <typename Fn>
 void for_each_weight_tile_piece(GgmlType type, int r, int64_t n, Fn&& fn) {
   if (!weight_tiles_type(type)) {
     throw std::invalid_argument("weight type " + std::string(type_traits(static_cast<uint32_t>(type)).name) +
-                                " has no tile layout (Q4_0, Q4_1 and Q8_0 have)");
+                                " has no tile layout (Q4_0, Q4_1, Q5_0 and Q8_0 have)");
   }
   if (r < 0 || r >= kWeightTileRows) {
     throw std::invalid_argument("weight tile row " + std::to_string(r) + " is outside 0..15");
@@ -173,7 +173,7 @@ void for_each_weight_tile_piece(GgmlType type, int r, int64_t n, Fn&& fn) {
   const size_t block = static_cast<size_t>(type_traits(static_cast<uint32_t>(type)).block_bytes);
   const size_t nb = row_bytes(type, n) / block;
   const size_t head = type == GgmlType::Q4_1 ? 2 * sizeof(uint16_t) : sizeof(uint16_t);  // d (and m)
-  const size_t groups = (block - head) / 4;  // 4-byte groups of a block's quants
+  const size_t groups = (block - head) / 4;  // 4-byte groups of a block's quants (and Q5_0's high bits)
   const size_t scales = 32 * nb * (head / sizeof(uint16_t));
   const size_t rr = static_cast<size_t>(r);
   for (size_t b = 0; b < nb; ++b) {

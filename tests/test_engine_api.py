@@ -20,6 +20,10 @@ def engine(default_model):  # type: ignore[no-untyped-def]
     return Engine(default_model, kv_k="f16", kv_v="f16")
 
 
+# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0.
+TILE_TYPES = (2, 3, 6, 8)
+
+
 def test_stream_pieces_join_to_text(engine: Engine) -> None:
     it = engine.stream("Once upon a time, in a small village,", max_tokens=20)
     pieces = []
@@ -116,11 +120,11 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
     assert copied.memory()["weights_huge_pages"] == _huge_pages_expected(default_model)
     assert not mapped.memory()["weights_huge_pages"]
     # In the copy, the levels with tile bodies (those that store KV tiles) pack every 2-D Q4_0 / Q4_1 /
-    # Q8_0 matrix with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
+    # Q5_0 / Q8_0 matrix with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
     packable = sum(
         t.nbytes
         for t in read_header(default_model).tensors.values()
-        if t.ggml_type in (2, 3, 8) and len(t.dims) == 2 and t.dims[1] % 16 == 0
+        if t.ggml_type in TILE_TYPES and len(t.dims) == 2 and t.dims[1] % 16 == 0
     )
     tiled = copied.memory()["weights_huge_pages"] and copied.memory()["key_tiles"]
     assert copied.memory()["weight_tile_bytes"] == (packable if tiled else 0)
@@ -141,21 +145,24 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
 
 
 def _expected_tile_bytes(path: Path) -> int:
-    """The bytes Model::pack_tiles should pack, from the file's header: every Q4_0 / Q4_1 / Q8_0 matrix
-    whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
+    """The bytes Model::pack_tiles should pack, from the file's header: every Q4_0 / Q4_1 / Q5_0 / Q8_0
+    matrix whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
     total = 0
     for t in read_header(path).tensors.values():
-        if t.ggml_type in (2, 3, 8) and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
+        if t.ggml_type in TILE_TYPES and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
             total += t.nbytes
     return total
 
 
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_0"])
 @pytest.mark.parametrize("family", sorted(TINY_SPECS))
-def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str) -> None:
-    """Each architecture's Q8_0 tiny model (over 2 MiB: its huge-page copy is packed as weight tiles,
-    MoE expert stacks included) gives the same logits bit for bit as its rows in the file's map, over a
-    prefill and batched decode steps of two sequences."""
-    path = tiny_model(family, "Q8_0")
+def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str, weight_type: str) -> None:
+    """Each architecture's Q8_0 tiny model, and its Q5_0 one (quantized by llama.cpp), over 2 MiB: its
+    huge-page copy is packed as weight tiles, MoE expert stacks included. It gives the same logits bit
+    for bit as its rows in the file's map, over a prefill and batched decode steps of two sequences."""
+    path = tiny_model(family, weight_type)
+    if weight_type != "Q8_0":
+        assert any(t.ggml_type == 6 for t in read_header(path).tensors.values()), "the file holds Q5_0 matrices"
     tiled = Engine(path, kv_k="q8_0", kv_v="q8_0")
     rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     mem = tiled.memory()

@@ -173,6 +173,33 @@ def test_requantized_model_logits_match_float64(smollm2_q4_k_m: Path) -> None:
         assert int(np.argmax(got)) == int(np.argmax(want))
 
 
+def test_requantized_model_tiles_give_the_bits_of_its_rows(smollm2_q4_k_m: Path) -> None:
+    """The Q4_K_M file's Q5_0 and Q8_0 matrices packed as weight tiles in the huge-page copy (where the
+    kernels have tile bodies) score a prompt to the same logits bit for bit as the file's rows do."""
+    from worker.engine import Engine
+
+    tensors = _native.read_gguf(str(smollm2_q4_k_m))["tensors"]
+    assert any(t["type"] == "Q5_0" for t in tensors)
+    # Model::pack_tiles packs each 2-D matrix of a tile type whose rows (shape[1]) are a multiple of 16.
+    packable = sum(
+        t["nbytes"]
+        for t in tensors
+        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0") and len(t["shape"]) == 2 and t["shape"][1] % 16 == 0
+    )
+    prompt = [1, 504, 3458, 314, 260, 1345, 30, 2683, 253, 1761, 282]
+    tiled = Engine(smollm2_q4_k_m, threads=2)
+    rows = Engine(smollm2_q4_k_m, threads=2, huge_pages=False)
+    mem = tiled.memory()
+    if mem["weights_huge_pages"] and mem["key_tiles"]:
+        assert mem["weight_tile_bytes"] == packable
+    assert rows.memory()["weight_tile_bytes"] == 0
+    got = []
+    for eng in (tiled, rows):
+        seq = eng.add_sequence([], generate=False)
+        got.append(eng.score(seq, prompt).tobytes())
+    assert got[0] == got[1]
+
+
 def write_with_type(path: Path, qtype: GT) -> None:
     """A tiny valid GGUF whose blk.3.ffn_up holds one 256-element row in `qtype` (correct byte size)."""
     w = gguf.GGUFWriter(str(path), "llama")

@@ -495,7 +495,7 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
   const bool x86_level = L == "avx2" || L == "avx512";
   std::mt19937 rng(47);
-  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
+  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0}) {
     const std::string name = type_traits(static_cast<uint32_t>(t)).name;
     for (const int n : {64, 96, 576}) {
       const int nb = n / kQK;
@@ -527,11 +527,12 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
         ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
       }
       // Row 5 of tile 1 (row 21): block 1's scale at 2 * (16 + 5); Q4_1's minimum at 32 nb + 2 * (16 + 5);
-      // block 1's quant bytes 4..7 (group 1) at S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 nb (64 nb for
-      // Q4_1), groups = 8 (Q8_0) or 4.
+      // block 1's bytes 4..7 after its head (group 1) at S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 nb (64 nb
+      // for Q4_1), groups = 8 (Q8_0), 5 (Q5_0: qh, then its 16 nibble bytes) or 4.
       const uint8_t* tile1 = tiles.data() + 16 * rb;
       const uint8_t* row21 = rows.data() + 21 * rb;
-      const size_t head = t == GgmlType::Q4_1 ? 4 : 2, groups = t == GgmlType::Q8_0 ? 8 : 4;
+      const size_t head = t == GgmlType::Q4_1 ? 4 : 2;
+      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : 4;
       const size_t S = t == GgmlType::Q4_1 ? 64 * nb : 32 * nb;
       ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk], 2) == 0;
       if (t == GgmlType::Q4_1) ok = ok && std::memcmp(&tile1[32 * nb + 2 * (16 + 5)], &row21[blk + 2], 2) == 0;
