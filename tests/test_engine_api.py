@@ -20,8 +20,8 @@ def engine(default_model):  # type: ignore[no-untyped-def]
     return Engine(default_model, kv_k="f16", kv_v="f16")
 
 
-# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0.
-TILE_TYPES = (2, 3, 6, 8)
+# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K.
+TILE_TYPES = (2, 3, 6, 8, 12)
 
 
 def test_stream_pieces_join_to_text(engine: Engine) -> None:
@@ -154,15 +154,17 @@ def _expected_tile_bytes(path: Path) -> int:
     return total
 
 
-@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_K_M"])
 @pytest.mark.parametrize("family", sorted(TINY_SPECS))
 def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str, weight_type: str) -> None:
-    """Each architecture's Q8_0 tiny model, and its Q5_0 one (quantized by llama.cpp), over 2 MiB: its
-    huge-page copy is packed as weight tiles, MoE expert stacks included. It gives the same logits bit
-    for bit as its rows in the file's map, over a prefill and batched decode steps of two sequences."""
+    """Each architecture's Q8_0 tiny model, and its Q4_K_M one (llama.cpp's mix: Q5_0, Q4_K, Q6_K, Q8_0),
+    over 2 MiB: its huge-page copy is packed as weight tiles, MoE expert stacks included. It gives the
+    same logits bit for bit as its rows in the file's map, over a prefill and batched decode steps of two
+    sequences."""
     path = tiny_model(family, weight_type)
-    if weight_type != "Q8_0":
-        assert any(t.ggml_type == 6 for t in read_header(path).tensors.values()), "the file holds Q5_0 matrices"
+    if weight_type == "Q4_K_M":
+        held = {t.ggml_type for t in read_header(path).tensors.values()}
+        assert {6, 12} <= held, "the file holds Q5_0 and Q4_K matrices"
     tiled = Engine(path, kv_k="q8_0", kv_v="q8_0")
     rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     mem = tiled.memory()

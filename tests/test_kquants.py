@@ -184,7 +184,7 @@ def test_requantized_model_tiles_give_the_bits_of_its_rows(smollm2_q4_k_m: Path)
     packable = sum(
         t["nbytes"]
         for t in tensors
-        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0") and len(t["shape"]) == 2 and t["shape"][1] % 16 == 0
+        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K") and len(t["shape"]) == 2 and t["shape"][1] % 16 == 0
     )
     prompt = [1, 504, 3458, 314, 260, 1345, 30, 2683, 253, 1761, 282]
     tiled = Engine(smollm2_q4_k_m, threads=2)

@@ -180,16 +180,16 @@ int main(int argc, char** argv) {
   // Random quant bytes with every float16 scale field set to a small normal value: timing only.
   for (size_t i = 0; i < w_bytes; ++i) w[i] = static_cast<uint8_t>(rng());
   const size_t blk = type_traits(static_cast<uint32_t>(type)).block_bytes;
-  if (type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 || type == GgmlType::Q8_0) {
+  if (weight_tiles_type(type)) {
     for (size_t o = 0; o < w_bytes; o += blk) {
       const uint16_t h = 0x2000;
       std::memcpy(&w[o], &h, 2);
-      if (type == GgmlType::Q4_1) std::memcpy(&w[o + 2], &h, 2);
+      if (type == GgmlType::Q4_1 || type == GgmlType::Q4_K) std::memcpy(&w[o + 2], &h, 2);
     }
   }
   if (tiles) {
     if (!weight_tiles_type(type) || rows % kWeightTileRows != 0) {
-      std::fprintf(stderr, "tiles: Q4_0, Q4_1, Q5_0 or Q8_0 with rows a multiple of 16\n");
+      std::fprintf(stderr, "tiles: Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K with rows a multiple of 16\n");
       return 2;
     }
     pack_weight_tiles(type, w, rows, cols);

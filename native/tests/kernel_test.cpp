@@ -495,12 +495,15 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
   const bool x86_level = L == "avx2" || L == "avx512";
   std::mt19937 rng(47);
-  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0}) {
+  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
     const std::string name = type_traits(static_cast<uint32_t>(t)).name;
-    for (const int n : {64, 96, 576}) {
-      const int nb = n / kQK;
+    const bool k4 = t == GgmlType::Q4_K;  // 256-element super-blocks: the layout's block
+    for (const int n : k4 ? std::vector<int>{256, 512, 1536} : std::vector<int>{64, 96, 576}) {
+      const int nb = n / kQK;             // activation blocks
+      const int wb = k4 ? n / kQKK : nb;  // weight blocks
       const size_t rb = row_bytes(t, n);
-      const size_t blk = rb / nb;
+      const size_t blk = rb / wb;
+      const bool two = t == GgmlType::Q4_1 || k4;  // d and a second f16 (m, or Q4_K's dmin)
       constexpr int kTiles = 3;
       const int R = kWeightTileRows * kTiles;
       std::vector<uint8_t> rows(rb * R);
@@ -508,11 +511,11 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
         if (j % 4 == 3) {
           // Raw quant bytes (every int8 including -128, every nibble) under sane scales.
           for (size_t i = 0; i < rb; ++i) rows[j * rb + i] = static_cast<uint8_t>(rng());
-          for (int b = 0; b < nb; ++b) {
+          for (int b = 0; b < wb; ++b) {
             const uint16_t d = fp32_to_fp16(0.01f * static_cast<float>(1 + b));
-            const uint16_t m = fp32_to_fp16(-0.05f * static_cast<float>(1 + b % 3));
+            const uint16_t m = fp32_to_fp16((k4 ? 0.02f : -0.05f) * static_cast<float>(1 + b % 3));
             std::memcpy(&rows[j * rb + b * blk], &d, sizeof d);
-            if (t == GgmlType::Q4_1) std::memcpy(&rows[j * rb + b * blk + 2], &m, sizeof m);
+            if (two) std::memcpy(&rows[j * rb + b * blk + 2], &m, sizeof m);
           }
         } else {
           auto row = make_row(t, randn(rng, n, 0.5f), rng);
@@ -526,17 +529,20 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
         weight_tile_get_row(t, tiles.data() + (j / 16) * 16 * rb, j % 16, back.data(), n);
         ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
       }
-      // Row 5 of tile 1 (row 21): block 1's scale at 2 * (16 + 5); Q4_1's minimum at 32 nb + 2 * (16 + 5);
-      // block 1's bytes 4..7 after its head (group 1) at S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 nb (64 nb
-      // for Q4_1), groups = 8 (Q8_0), 5 (Q5_0: qh, then its 16 nibble bytes) or 4.
+      // Row 5 of tile 1 (row 21), with wb weight blocks a row: block 1's scale at 2 * (16 + 5); Q4_1's
+      // minimum (Q4_K's dmin) at 32 wb + 2 * (16 + 5); block 1's bytes 4..7 after its head (group 1) at
+      // S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 wb (64 wb for Q4_1 and Q4_K), groups = 8 (Q8_0), 5 (Q5_0:
+      // qh, then its 16 nibble bytes), 35 (Q4_K: 12 scale bytes, 128 nibble bytes) or 4.
       const uint8_t* tile1 = tiles.data() + 16 * rb;
       const uint8_t* row21 = rows.data() + 21 * rb;
-      const size_t head = t == GgmlType::Q4_1 ? 4 : 2;
-      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : 4;
-      const size_t S = t == GgmlType::Q4_1 ? 64 * nb : 32 * nb;
-      ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk], 2) == 0;
-      if (t == GgmlType::Q4_1) ok = ok && std::memcmp(&tile1[32 * nb + 2 * (16 + 5)], &row21[blk + 2], 2) == 0;
-      ok = ok && std::memcmp(&tile1[S + 64 * (groups + 1) + 20], &row21[blk + head + 4], 4) == 0;
+      const size_t head = two ? 4 : 2;
+      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : k4 ? 35 : 4;
+      const size_t S = two ? 64 * wb : 32 * wb;
+      if (wb >= 2) {
+        ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk], 2) == 0;
+        if (two) ok = ok && std::memcmp(&tile1[32 * wb + 2 * (16 + 5)], &row21[blk + 2], 2) == 0;
+        ok = ok && std::memcmp(&tile1[S + 64 * (groups + 1) + 20], &row21[blk + head + 4], 4) == 0;
+      }
       check(ok, L + " weight tile layout and round trip " + name + " n=" + std::to_string(n));
       bool same = true;
       for (const int T : {1, 2, 3, 5, 16, 17, 33}) {
