@@ -46,7 +46,7 @@ struct EngineOptions {
   std::string backend = "cpu";
   int device = 0;  // vulkan: the device index (vulkan_devices())
   // The CPU backend's weights in transparent huge pages where the host allows (gguf.h, Residency),
-  // their Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K matrices packed as 16-row tiles where the kernels have a tile body
+  // their Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K matrices packed as 16-row tiles where the kernels have a tile body
   // (quant.h); false keeps the file's map (its pages shared with other processes that map the same
   // file) and the rows.
   bool huge_pages = true;

@@ -20,8 +20,8 @@ def engine(default_model):  # type: ignore[no-untyped-def]
     return Engine(default_model, kv_k="f16", kv_v="f16")
 
 
-# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K.
-TILE_TYPES = (2, 3, 6, 8, 12)
+# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
+TILE_TYPES = (2, 3, 6, 8, 12, 14)
 
 
 def test_stream_pieces_join_to_text(engine: Engine) -> None:
@@ -164,7 +164,7 @@ def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str, weig
     path = tiny_model(family, weight_type)
     if weight_type == "Q4_K_M":
         held = {t.ggml_type for t in read_header(path).tensors.values()}
-        assert {6, 12} <= held, "the file holds Q5_0 and Q4_K matrices"
+        assert {6, 12, 14} <= held, "the file holds Q5_0, Q4_K and Q6_K matrices"
     tiled = Engine(path, kv_k="q8_0", kv_v="q8_0")
     rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     mem = tiled.memory()

@@ -174,8 +174,9 @@ def test_requantized_model_logits_match_float64(smollm2_q4_k_m: Path) -> None:
 
 
 def test_requantized_model_tiles_give_the_bits_of_its_rows(smollm2_q4_k_m: Path) -> None:
-    """The Q4_K_M file's Q5_0 and Q8_0 matrices packed as weight tiles in the huge-page copy (where the
-    kernels have tile bodies) score a prompt to the same logits bit for bit as the file's rows do."""
+    """The Q4_K_M file's Q5_0, Q4_K, Q6_K and Q8_0 matrices packed as weight tiles in the huge-page
+    copy (where the kernels have tile bodies) score a prompt to the same logits bit for bit as the
+    file's rows do."""
     from worker.engine import Engine
 
     tensors = _native.read_gguf(str(smollm2_q4_k_m))["tensors"]
@@ -184,7 +185,9 @@ def test_requantized_model_tiles_give_the_bits_of_its_rows(smollm2_q4_k_m: Path)
     packable = sum(
         t["nbytes"]
         for t in tensors
-        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K") and len(t["shape"]) == 2 and t["shape"][1] % 16 == 0
+        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+        and len(t["shape"]) == 2
+        and t["shape"][1] % 16 == 0
     )
     prompt = [1, 504, 3458, 314, 260, 1345, 30, 2683, 253, 1761, 282]
     tiled = Engine(smollm2_q4_k_m, threads=2)

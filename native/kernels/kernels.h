@@ -99,9 +99,9 @@ struct Kernels {
                            float* acc, int G, int hd, const PrefetchRuns& ahead);
   // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
   bool value_tiles;
-  // n_tiles consecutive weight tiles (quant.h) of one Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K matrix with rows of n elements
-  // against T activation rows: out[16 i + r + t * out_stride] = (row r of tile i) . a_t, the same bits
-  // as dot_q_rows on the rows.
+  // n_tiles consecutive weight tiles (quant.h) of one Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K matrix with rows of n
+  // elements against T activation rows: out[16 i + r + t * out_stride] = (row r of tile i) . a_t, the same bits as
+  // dot_q_rows on the rows.
   void (*dot_q_tiles)(GgmlType type, const uint8_t* tiles, int64_t n_tiles, const BlockQ8A* a, int64_t a_stride, int T,
                       int64_t n, float* out, int64_t out_stride);
   // Whether this level has a weight-tile body, so that the CPU backend packs its weights as tiles.

@@ -183,13 +183,13 @@ int main(int argc, char** argv) {
   if (weight_tiles_type(type)) {
     for (size_t o = 0; o < w_bytes; o += blk) {
       const uint16_t h = 0x2000;
-      std::memcpy(&w[o], &h, 2);
+      std::memcpy(&w[o + (type == GgmlType::Q6_K ? blk - 2 : 0)], &h, 2);  // Q6_K keeps its d last
       if (type == GgmlType::Q4_1 || type == GgmlType::Q4_K) std::memcpy(&w[o + 2], &h, 2);
     }
   }
   if (tiles) {
     if (!weight_tiles_type(type) || rows % kWeightTileRows != 0) {
-      std::fprintf(stderr, "tiles: Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K with rows a multiple of 16\n");
+      std::fprintf(stderr, "tiles: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows a multiple of 16\n");
       return 2;
     }
     pack_weight_tiles(type, w, rows, cols);

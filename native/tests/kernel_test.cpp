@@ -495,12 +495,14 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
   const bool x86_level = L == "avx2" || L == "avx512";
   std::mt19937 rng(47);
-  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+  for (const GgmlType t :
+       {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
     const std::string name = type_traits(static_cast<uint32_t>(t)).name;
-    const bool k4 = t == GgmlType::Q4_K;  // 256-element super-blocks: the layout's block
-    for (const int n : k4 ? std::vector<int>{256, 512, 1536} : std::vector<int>{64, 96, 576}) {
-      const int nb = n / kQK;             // activation blocks
-      const int wb = k4 ? n / kQKK : nb;  // weight blocks
+    const bool k4 = t == GgmlType::Q4_K, k6 = t == GgmlType::Q6_K;
+    const bool super = k4 || k6;  // 256-element super-blocks: the layout's block
+    for (const int n : super ? std::vector<int>{256, 512, 1536} : std::vector<int>{64, 96, 576}) {
+      const int nb = n / kQK;                // activation blocks
+      const int wb = super ? n / kQKK : nb;  // weight blocks
       const size_t rb = row_bytes(t, n);
       const size_t blk = rb / wb;
       const bool two = t == GgmlType::Q4_1 || k4;  // d and a second f16 (m, or Q4_K's dmin)
@@ -514,7 +516,7 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
           for (int b = 0; b < wb; ++b) {
             const uint16_t d = fp32_to_fp16(0.01f * static_cast<float>(1 + b));
             const uint16_t m = fp32_to_fp16((k4 ? 0.02f : -0.05f) * static_cast<float>(1 + b % 3));
-            std::memcpy(&rows[j * rb + b * blk], &d, sizeof d);
+            std::memcpy(&rows[j * rb + b * blk + (k6 ? blk - 2 : 0)], &d, sizeof d);  // Q6_K: d last
             if (two) std::memcpy(&rows[j * rb + b * blk + 2], &m, sizeof m);
           }
         } else {
@@ -532,14 +534,15 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
       // Row 5 of tile 1 (row 21), with wb weight blocks a row: block 1's scale at 2 * (16 + 5); Q4_1's
       // minimum (Q4_K's dmin) at 32 wb + 2 * (16 + 5); block 1's bytes 4..7 after its head (group 1) at
       // S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 wb (64 wb for Q4_1 and Q4_K), groups = 8 (Q8_0), 5 (Q5_0:
-      // qh, then its 16 nibble bytes), 35 (Q4_K: 12 scale bytes, 128 nibble bytes) or 4.
+      // qh, then its 16 nibble bytes), 35 (Q4_K: 12 scale bytes, 128 nibble bytes), 52 (Q6_K: d last, so
+      // its head is 0 bytes in front and d is at blk - 2) or 4.
       const uint8_t* tile1 = tiles.data() + 16 * rb;
       const uint8_t* row21 = rows.data() + 21 * rb;
-      const size_t head = two ? 4 : 2;
-      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : k4 ? 35 : 4;
+      const size_t head = two ? 4 : k6 ? 0 : 2, d_at = k6 ? blk - 2 : 0;
+      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : k4 ? 35 : k6 ? 52 : 4;
       const size_t S = two ? 64 * wb : 32 * wb;
       if (wb >= 2) {
-        ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk], 2) == 0;
+        ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk + d_at], 2) == 0;
         if (two) ok = ok && std::memcmp(&tile1[32 * wb + 2 * (16 + 5)], &row21[blk + 2], 2) == 0;
         ok = ok && std::memcmp(&tile1[S + 64 * (groups + 1) + 20], &row21[blk + head + 4], 4) == 0;
       }
