@@ -215,12 +215,13 @@ GgmlType type_from_name(const std::string& name);
 size_t row_bytes(GgmlType type, int64_t n);
 
 // Weight tiles: where the kernels serve weight rows 16 at a time (Kernels::weight_tiles), the CPU
-// backend rewrites each 16 consecutive rows of a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K matrix in place as one tile: the
-// same bytes permuted as a key tile (kv_format.h), so that each 64-byte line is one 4-byte group of
-// all 16 rows (one vector register, lane r = row r) and the 16 rows stream as one sequence, with no
-// transpose and no scale gather. With nb = cols / 32 blocks a row, a tile of 16 * row_bytes bytes is
+// backend rewrites each 16 consecutive rows of a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K matrix in place
+// as one tile: the same bytes permuted as a key tile (kv_format.h), so that each 64-byte line is one
+// 4-byte group of all 16 rows (one vector register, lane r = row r) and the 16 rows stream as one
+// sequence, with no transpose and no scale gather. With nb blocks a row (cols / 32; cols / 256 for the
+// K-quants), a tile of 16 * row_bytes bytes is
 //   [block b][row r]: the f16 scale d of row r's block b, 2 bytes at 2 (16 b + r)        (32 nb bytes)
-//   Q4_1 only, [block b][row r]: the block's f16 minimum m, at 32 nb + 2 (16 b + r)      (32 nb bytes)
+//   Q4_1 (and Q4_K) only, [block b][row r]: the f16 minimum m (dmin), at 32 nb + 2 (16 b + r) (32 nb)
 //   then [block b][group k][row r]: bytes qs[4k .. 4k + 3] of row r's block b, 4 bytes at
 //   S + 64 (G b + k) + 4 r, S the scales' bytes above, G = 8 groups (Q8_0) or 4 (the packed nibbles);
 //   Q5_0's 4 high-bit bytes qh are its group 0 and its nibbles groups 1..4 (G = 5): each 4 bytes after
