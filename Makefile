@@ -9,7 +9,7 @@ LLAMA_CPP_BUILD := CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2
 NATIVE_SRC := $(wildcard native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/CMakeLists.txt)
 NATIVE_SRC += $(wildcard native/backend/*.cpp native/backend/*.h native/backend/vulkan/*.cpp native/backend/vulkan/*.h native/backend/vulkan/*.cmake native/backend/vulkan/shaders/*.comp)
 
-.PHONY: setup build demo test clang-format-tool vulkan-tools lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
+.PHONY: setup build demo test clang-format-tool avx512-emulation vulkan-tools lint format bench goldens clean arm-tools browser protos serve bench-api soak fuzz fuzz-api sanitize
 
 # Virtual environment with the package (editable), its test extras and the default model.
 $(STAMP): pyproject.toml
@@ -64,6 +64,15 @@ clang-format-tool:
 	  else echo "note: the native format check will be skipped (apt-get install clang-format)"; fi; \
 	fi
 
+# SIMDe's portable intrinsics, so the kernel test checks the avx512 level's bodies on a CPU without
+# AVX-512 (Debian package, header-only; needs root).
+avx512-emulation:
+	@if [ ! -e /usr/include/simde/x86/avx512.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsimde-dev >/dev/null; \
+	  else echo "note: without AVX-512 here, its kernel bodies go unchecked (apt-get install libsimde-dev)"; fi; \
+	fi
+
 # Vulkan headers, glslc and Mesa's drivers (lavapipe: a CPU Vulkan) for the Vulkan backend and its tests
 # (Debian packages; needs root). Run before `make build`: the build compiles the shaders only when glslc is found.
 vulkan-tools:
@@ -75,7 +84,7 @@ vulkan-tools:
 
 NATIVE_FORMATTED := native/*.cpp native/*.h native/kernels/*.cpp native/kernels/*.h native/kernels/*.inc native/tests/*.cpp native/backend/*.cpp native/backend/*.h native/backend/vulkan/*.cpp native/backend/vulkan/*.h
 
-test: vulkan-tools build arm-tools browser clang-format-tool
+test: vulkan-tools build arm-tools browser clang-format-tool avx512-emulation
 	$(VENV)/bin/ruff check swarm worker tests bench
 	$(VENV)/bin/ruff format --check swarm worker tests bench
 	$(VENV)/bin/mypy

@@ -156,7 +156,7 @@ size_t row_bytes(GgmlType type, int64_t n) {
 
 bool weight_tiles_type(GgmlType type) {
   return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 || type == GgmlType::Q8_0 ||
-         type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+         type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
 }
 
 namespace {
@@ -166,15 +166,15 @@ template <typename Fn>
 void for_each_weight_tile_piece(GgmlType type, int r, int64_t n, Fn&& fn) {
   if (!weight_tiles_type(type)) {
     throw std::invalid_argument("weight type " + std::string(type_traits(static_cast<uint32_t>(type)).name) +
-                                " has no tile layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K have)");
+                                " has no tile layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K have)");
   }
   if (r < 0 || r >= kWeightTileRows) {
     throw std::invalid_argument("weight tile row " + std::to_string(r) + " is outside 0..15");
   }
   const size_t block = static_cast<size_t>(type_traits(static_cast<uint32_t>(type)).block_bytes);
   const size_t nb = row_bytes(type, n) / block;
-  const bool two = type == GgmlType::Q4_1 || type == GgmlType::Q4_K;
-  const size_t head = two ? 2 * sizeof(uint16_t) : sizeof(uint16_t);  // d (and m, or Q4_K's dmin)
+  const bool two = type == GgmlType::Q4_1 || type == GgmlType::Q4_K || type == GgmlType::Q5_K;
+  const size_t head = two ? 2 * sizeof(uint16_t) : sizeof(uint16_t);  // d (and m, or the K-quant's dmin)
   const size_t groups = (block - head) / 4;  // 4-byte groups of a block's quants (and Q5_0's high bits)
   const size_t scales = 32 * nb * (head / sizeof(uint16_t));
   // Where a block's f16 d and its groups start: Q6_K keeps d last, the others first.

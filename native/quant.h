@@ -215,24 +215,25 @@ GgmlType type_from_name(const std::string& name);
 size_t row_bytes(GgmlType type, int64_t n);
 
 // Weight tiles: where the kernels serve weight rows 16 at a time (Kernels::weight_tiles), the CPU
-// backend rewrites each 16 consecutive rows of a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K matrix in place
+// backend rewrites each 16 consecutive rows of a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K matrix in place
 // as one tile: the same bytes permuted as a key tile (kv_format.h), so that each 64-byte line is one
 // 4-byte group of all 16 rows (one vector register, lane r = row r) and the 16 rows stream as one
 // sequence, with no transpose and no scale gather. With nb blocks a row (cols / 32; cols / 256 for the
 // K-quants), a tile of 16 * row_bytes bytes is
 //   [block b][row r]: the f16 scale d of row r's block b, 2 bytes at 2 (16 b + r)        (32 nb bytes)
-//   Q4_1 (and Q4_K) only, [block b][row r]: the f16 minimum m (dmin), at 32 nb + 2 (16 b + r) (32 nb)
+//   Q4_1 (Q4_K, Q5_K) only, [block b][row r]: the f16 minimum m (dmin), at 32 nb + 2 (16 b + r) (32 nb)
 //   then [block b][group k][row r]: bytes qs[4k .. 4k + 3] of row r's block b, 4 bytes at
 //   S + 64 (G b + k) + 4 r, S the scales' bytes above, G = 8 groups (Q8_0) or 4 (the packed nibbles);
 //   Q5_0's 4 high-bit bytes qh are its group 0 and its nibbles groups 1..4 (G = 5): each 4 bytes after
 //   the scale are one group, in the block's own order. Q4_K is laid out as Q4_1 with its 144-byte
 //   super-block as the block (nb = cols / 256): d, then dmin where Q4_1 has m, then G = 35 groups (the
-//   12 bytes of packed scales and mins, then the 128 bytes of nibbles). Q6_K's 210-byte super-block is
+//   12 bytes of packed scales and mins, then the 128 bytes of nibbles); Q5_K likewise with its 176 bytes,
+//   G = 43 (the 12 scale bytes, the 32 high-bit bytes qh, the 128 nibble bytes). Q6_K's 210-byte super-block is
 //   a block whose d sits last: the scale area holds it, and its other 208 bytes (ql, qh, scales, in
 //   order) are G = 52 groups.
 // Readers that want one row (the token embedding, a float path) take it with weight_tile_get_row.
 constexpr int kWeightTileRows = 16;
-// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K: the types that have a tile layout.
+// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K: the types that have a tile layout.
 bool weight_tiles_type(GgmlType type);
 // Row r (0..15) of a tile of rows of n elements <-> that row in row_bytes(type, n) layout.
 void weight_tile_put_row(GgmlType type, const void* row, uint8_t* tile, int r, int64_t n);

@@ -20,8 +20,8 @@ def engine(default_model):  # type: ignore[no-untyped-def]
     return Engine(default_model, kv_k="f16", kv_v="f16")
 
 
-# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
-TILE_TYPES = (2, 3, 6, 8, 12, 14)
+# GGML type ids with a weight-tile layout (native/quant.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
+TILE_TYPES = (2, 3, 6, 8, 12, 13, 14)
 
 
 def test_stream_pieces_join_to_text(engine: Engine) -> None:
@@ -119,8 +119,8 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
     mapped = Engine(default_model, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     assert copied.memory()["weights_huge_pages"] == _huge_pages_expected(default_model)
     assert not mapped.memory()["weights_huge_pages"]
-    # In the copy, the levels with tile bodies (those that store KV tiles) pack every 2-D Q4_0 / Q4_1 /
-    # Q5_0 / Q8_0 matrix with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
+    # In the copy, the levels with tile bodies (those that store KV tiles) pack every 2-D matrix of a
+    # TILE_TYPES type with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
     packable = sum(
         t.nbytes
         for t in read_header(default_model).tensors.values()
@@ -145,8 +145,8 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
 
 
 def _expected_tile_bytes(path: Path) -> int:
-    """The bytes Model::pack_tiles should pack, from the file's header: every Q4_0 / Q4_1 / Q5_0 / Q8_0
-    matrix whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
+    """The bytes Model::pack_tiles should pack, from the file's header: every matrix of a TILE_TYPES type
+    whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
     total = 0
     for t in read_header(path).tensors.values():
         if t.ggml_type in TILE_TYPES and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
@@ -154,17 +154,18 @@ def _expected_tile_bytes(path: Path) -> int:
     return total
 
 
-@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_K_M", "Q5_K_M"])
 @pytest.mark.parametrize("family", sorted(TINY_SPECS))
 def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str, weight_type: str) -> None:
-    """Each architecture's Q8_0 tiny model, and its Q4_K_M one (llama.cpp's mix: Q5_0, Q4_K, Q6_K, Q8_0),
-    over 2 MiB: its huge-page copy is packed as weight tiles, MoE expert stacks included. It gives the
-    same logits bit for bit as its rows in the file's map, over a prefill and batched decode steps of two
-    sequences."""
+    """Each architecture's Q8_0 tiny model, its Q4_K_M one (llama.cpp's mix: Q5_0, Q4_K, Q6_K, Q8_0) and
+    its Q5_K_M one (Q5_0, Q5_K, Q6_K), over 2 MiB: its huge-page copy is packed as weight tiles, MoE
+    expert stacks included. It gives the same logits bit for bit as its rows in the file's map, over a
+    prefill and batched decode steps of two sequences."""
     path = tiny_model(family, weight_type)
-    if weight_type == "Q4_K_M":
+    if weight_type != "Q8_0":
         held = {t.ggml_type for t in read_header(path).tensors.values()}
-        assert {6, 12, 14} <= held, "the file holds Q5_0, Q4_K and Q6_K matrices"
+        k_type = 12 if weight_type == "Q4_K_M" else 13
+        assert {k_type, 14} <= held, f"the file holds {weight_type[:4]} and Q6_K matrices"
     tiled = Engine(path, kv_k="q8_0", kv_v="q8_0")
     rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     mem = tiled.memory()

@@ -185,7 +185,7 @@ def test_requantized_model_tiles_give_the_bits_of_its_rows(smollm2_q4_k_m: Path)
     packable = sum(
         t["nbytes"]
         for t in tensors
-        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+        if t["type"] in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
         and len(t["shape"]) == 2
         and t["shape"][1] % 16 == 0
     )

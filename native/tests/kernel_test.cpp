@@ -18,6 +18,12 @@
 
 using namespace kvs;
 
+#ifdef KVS_AVX512_EMULATED
+namespace kvs {
+const Kernels& kernels_avx512_emulated();  // tests/avx512_emulated.cpp
+}
+#endif
+
 namespace {
 
 int g_passed = 0, g_failed = 0;
@@ -495,17 +501,17 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
   const bool x86_level = L == "avx2" || L == "avx512";
   std::mt19937 rng(47);
-  for (const GgmlType t :
-       {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
+                           GgmlType::Q5_K, GgmlType::Q6_K}) {
     const std::string name = type_traits(static_cast<uint32_t>(t)).name;
-    const bool k4 = t == GgmlType::Q4_K, k6 = t == GgmlType::Q6_K;
+    const bool k4 = t == GgmlType::Q4_K || t == GgmlType::Q5_K, k6 = t == GgmlType::Q6_K;  // k4: d, dmin first
     const bool super = k4 || k6;  // 256-element super-blocks: the layout's block
     for (const int n : super ? std::vector<int>{256, 512, 1536} : std::vector<int>{64, 96, 576}) {
       const int nb = n / kQK;                // activation blocks
       const int wb = super ? n / kQKK : nb;  // weight blocks
       const size_t rb = row_bytes(t, n);
       const size_t blk = rb / wb;
-      const bool two = t == GgmlType::Q4_1 || k4;  // d and a second f16 (m, or Q4_K's dmin)
+      const bool two = t == GgmlType::Q4_1 || k4;  // d and a second f16 (m, or the K-quant's dmin)
       constexpr int kTiles = 3;
       const int R = kWeightTileRows * kTiles;
       std::vector<uint8_t> rows(rb * R);
@@ -532,14 +538,20 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
         ok = ok && std::memcmp(back.data(), rows.data() + j * rb, rb) == 0;
       }
       // Row 5 of tile 1 (row 21), with wb weight blocks a row: block 1's scale at 2 * (16 + 5); Q4_1's
-      // minimum (Q4_K's dmin) at 32 wb + 2 * (16 + 5); block 1's bytes 4..7 after its head (group 1) at
-      // S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 wb (64 wb for Q4_1 and Q4_K), groups = 8 (Q8_0), 5 (Q5_0:
-      // qh, then its 16 nibble bytes), 35 (Q4_K: 12 scale bytes, 128 nibble bytes), 52 (Q6_K: d last, so
-      // its head is 0 bytes in front and d is at blk - 2) or 4.
+      // minimum (Q4_K's, Q5_K's dmin) at 32 wb + 2 * (16 + 5); block 1's bytes 4..7 after its head (group 1) at
+      // S + 64 * (groups * 1 + 1) + 4 * 5, S = 32 wb (64 wb for Q4_1, Q4_K, Q5_K), groups = 8 (Q8_0), 5 (Q5_0:
+      // qh, then its 16 nibble bytes), 35 (Q4_K: 12 scale bytes, 128 nibble bytes), 43 (Q5_K: 12 scale
+      // bytes, 32 of qh, 128 nibble bytes), 52 (Q6_K: d last, so its head is 0 bytes in front and d is at
+      // blk - 2) or 4.
       const uint8_t* tile1 = tiles.data() + 16 * rb;
       const uint8_t* row21 = rows.data() + 21 * rb;
       const size_t head = two ? 4 : k6 ? 0 : 2, d_at = k6 ? blk - 2 : 0;
-      const size_t groups = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q5_0 ? 5 : k4 ? 35 : k6 ? 52 : 4;
+      const size_t groups = t == GgmlType::Q8_0   ? 8
+                            : t == GgmlType::Q5_0 ? 5
+                            : t == GgmlType::Q4_K ? 35
+                            : t == GgmlType::Q5_K ? 43
+                            : k6                  ? 52
+                                                  : 4;
       const size_t S = two ? 64 * wb : 32 * wb;
       if (wb >= 2) {
         ok = ok && std::memcmp(&tile1[2 * (16 + 5)], &row21[blk + d_at], 2) == 0;
@@ -807,15 +819,23 @@ void test_draw(const Kernels& k) {
 
 int main() {
   const Kernels& ref = kernels_ref();
+  std::vector<std::pair<std::string, const Kernels*>> run;
+  for (const std::string& level : available_isa_levels()) run.emplace_back(level, &kernels_for(level));
+#ifdef KVS_AVX512_EMULATED
+  // No avx512 level on this CPU: its bodies run over SIMDe's emulated intrinsics (tests/avx512_emulated.cpp).
+  if (std::none_of(run.begin(), run.end(), [](const auto& r) { return r.first == "avx512"; })) {
+    run.emplace_back("avx512-emulated", &kernels_avx512_emulated());
+  }
+#endif
   std::string levels;
-  for (const std::string& level : available_isa_levels()) {
+  for (const auto& [level, k] : run) {
     levels += level + " ";
-    test_level(kernels_for(level), ref);
-    test_draw(kernels_for(level));
-    test_key_tiles(kernels_for(level), ref);
-    test_value_tiles(kernels_for(level), ref);
-    test_weight_tiles(kernels_for(level), ref);
-    if (level == "avx2" || level == "avx512") test_extremes(kernels_for(level), ref);
+    test_level(*k, ref);
+    test_draw(*k);
+    test_key_tiles(*k, ref);
+    test_value_tiles(*k, ref);
+    test_weight_tiles(*k, ref);
+    if (k->name == std::string("avx2") || k->name == std::string("avx512")) test_extremes(*k, ref);
   }
   test_kv_store_rounding();
   std::printf("levels: %s\n", levels.c_str());
