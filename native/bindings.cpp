@@ -630,6 +630,11 @@ PYBIND11_MODULE(_native, m) {
         d["value_tiles"] = s.value_tiles;
         d["weights_huge_pages"] = s.weights_huge_pages;
         d["weight_tile_bytes"] = s.weight_tile_bytes;
+        py::list tile_types;  // GGML type ids, ascending
+        for (uint32_t t = 0; t < 64; ++t) {
+          if ((s.weight_tile_types >> t) & 1) tile_types.append(t);
+        }
+        d["weight_tile_types"] = tile_types;
         return d;
       });
 

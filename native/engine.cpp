@@ -612,6 +612,7 @@ MemoryStats Engine::memory() const {
   m.weight_bytes = model_->weight_bytes();
   m.weights_huge_pages = model_->file().huge_pages();
   m.weight_tile_bytes = model_->tile_bytes();
+  m.weight_tile_types = kern_->weight_tile_types;
   size_t scratch = logits_.capacity() * sizeof(float);
   for (const auto* v : {&ws_.x, &ws_.xn, &ws_.q, &ws_.k, &ws_.v, &ws_.attn, &ws_.ff_gate, &ws_.ff_up, &ws_.logits_in}) {
     scratch += v->capacity() * sizeof(float);

@@ -92,6 +92,7 @@ struct MemoryStats {
   bool value_tiles = false;         // values stored as 16-row value tiles
   bool weights_huge_pages = false;  // the model's bytes in a huge-page copy (gguf.h, Residency)
   size_t weight_tile_bytes = 0;     // of them, the weights packed as 16-row tiles (quant.h)
+  uint64_t weight_tile_types = 0;   // the types the kernels serve as tiles (Kernels::weight_tile_types)
 };
 
 struct SequenceInfo {

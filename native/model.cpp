@@ -333,11 +333,11 @@ Model::Model(const std::string& path, Residency residency, const Kernels* tiles_
     for (const Weight* w : mats) weight_bytes_ += w->row_bytes * w->rows;
     layers_.push_back(std::move(L));
   }
-  if (tiles_for != nullptr && tiles_for->weight_tiles) pack_tiles();
+  if (tiles_for != nullptr && tiles_for->weight_tile_types != 0) pack_tiles(tiles_for->weight_tile_types);
   file_->seal();
 }
 
-void Model::pack_tiles() {
+void Model::pack_tiles(uint64_t types) {
   // Each matrix with its rows (tied embeddings share one tensor: packed once, both views marked). An MoE
   // stack is packed where each expert's rows are a multiple of 16, so that every expert (moe_ffn's view
   // at e * rows) starts on a tile.
@@ -349,7 +349,8 @@ void Model::pack_tiles() {
   }
   std::vector<const uint8_t*> packed;
   for (const auto& [w, rows] : ws) {
-    if (w->data == nullptr || !weight_tiles_type(w->type) || rows <= 0 || rows % kWeightTileRows != 0) continue;
+    const bool tiled = weight_tiles_type(w->type) && (types & tile_bit(w->type)) != 0;
+    if (w->data == nullptr || !tiled || rows <= 0 || rows % kWeightTileRows != 0) continue;
     if (std::find(packed.begin(), packed.end(), w->data) == packed.end()) {
       uint8_t* bytes = file_->writable(w->data);
       if (bytes == nullptr) continue;

@@ -200,9 +200,9 @@ void moe_route(const float* logits, int E, int K, int32_t* choice, float* weight
 
 class Model {
  public:
-  // tiles_for: the kernels the forward will run; where they have a weight-tile body and the weights are
-  // a private copy (Residency::kHugePages granted), the Q4_0 / Q4_1 / Q8_0 matrices whose rows are a
-  // multiple of 16 are packed as weight tiles in place (quant.h).
+  // tiles_for: the kernels the forward will run; where the weights are a private copy (Residency::kHugePages
+  // granted), the matrices of the types those kernels have a weight-tile body for (Kernels::weight_tile_types)
+  // whose rows are a multiple of 16 are packed as weight tiles in place (quant.h).
   explicit Model(const std::string& path, Residency residency = Residency::kMapped, const Kernels* tiles_for = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
@@ -237,7 +237,7 @@ class Model {
   Weight load_stacked(const std::string& name, int64_t n_mat, int64_t rows, int64_t cols) const;
   void read_config();
   void moe_ffn(const LayerWeights& L, int T, ThreadPool& pool, const Kernels& kern, Workspace& ws) const;
-  void pack_tiles();
+  void pack_tiles(uint64_t types);
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig cfg_;

@@ -119,15 +119,15 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
     mapped = Engine(default_model, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     assert copied.memory()["weights_huge_pages"] == _huge_pages_expected(default_model)
     assert not mapped.memory()["weights_huge_pages"]
-    # In the copy, the levels with tile bodies (those that store KV tiles) pack every 2-D matrix of a
-    # TILE_TYPES type with rows a multiple of 16 as weight tiles (native/quant.h); the map keeps rows.
+    # In the copy, every 2-D matrix of a type the kernels have a tile body for, with rows a multiple of
+    # 16, is packed as weight tiles (native/quant.h); the map keeps rows.
+    types = _tile_types(copied)
     packable = sum(
         t.nbytes
         for t in read_header(default_model).tensors.values()
-        if t.ggml_type in TILE_TYPES and len(t.dims) == 2 and t.dims[1] % 16 == 0
+        if t.ggml_type in types and len(t.dims) == 2 and t.dims[1] % 16 == 0
     )
-    tiled = copied.memory()["weights_huge_pages"] and copied.memory()["key_tiles"]
-    assert copied.memory()["weight_tile_bytes"] == (packable if tiled else 0)
+    assert copied.memory()["weight_tile_bytes"] == (packable if copied.memory()["weights_huge_pages"] else 0)
     assert mapped.memory()["weight_tile_bytes"] == 0
     ids = copied.tokenizer.encode(prompt)
     got = []
@@ -144,12 +144,22 @@ def test_huge_page_weights_give_the_same_bits(default_model: Path, tiny_models) 
     assert not Engine(small).memory()["weights_huge_pages"]
 
 
-def _expected_tile_bytes(path: Path) -> int:
-    """The bytes Model::pack_tiles should pack, from the file's header: every matrix of a TILE_TYPES type
+def _tile_types(eng: Engine) -> set[int]:
+    """The GGML types eng's kernels serve as weight tiles: a subset of TILE_TYPES, all seven on the x86
+    levels (AVX2 and AVX-512 VNNI each have a tile body per type)."""
+    types = set(eng.memory()["weight_tile_types"])
+    assert types <= set(TILE_TYPES)
+    if eng.isa in ("avx2", "avx512"):
+        assert types == set(TILE_TYPES)
+    return types
+
+
+def _expected_tile_bytes(path: Path, types: set[int]) -> int:
+    """The bytes Model::pack_tiles should pack, from the file's header: every matrix of one of `types`
     whose rows (per expert, for a 3-D expert stack) are a multiple of 16."""
     total = 0
     for t in read_header(path).tensors.values():
-        if t.ggml_type in TILE_TYPES and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
+        if t.ggml_type in types and len(t.dims) in (2, 3) and t.dims[1] % 16 == 0:
             total += t.nbytes
     return total
 
@@ -170,7 +180,7 @@ def test_weight_tiles_give_the_same_bits_on_every_architecture(family: str, weig
     rows = Engine(path, kv_k="q8_0", kv_v="q8_0", huge_pages=False)
     mem = tiled.memory()
     assert mem["weight_tile_bytes"] == (
-        _expected_tile_bytes(path) if mem["weights_huge_pages"] and mem["key_tiles"] else 0
+        _expected_tile_bytes(path, _tile_types(tiled)) if mem["weights_huge_pages"] else 0
     )
     assert rows.memory()["weight_tile_bytes"] == 0
     got = []

@@ -74,8 +74,9 @@ class Engine:
     huge_pages=True (the default) lets the CPU backend copy the model's bytes into transparent
     huge pages where the host offers them and the copy fits in half the available memory
     (memory()["weights_huge_pages"] says whether it did); a decode step streams every weight,
-    and 4 KB pages slow that stream. Where the kernels have a tile body (AVX-512 VNNI), the copy's
-    Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K matrices are packed as 16-row tiles (memory()["weight_tile_bytes"]).
+    and 4 KB pages slow that stream. The copy's matrices of the types the kernels have a tile body for
+    (memory()["weight_tile_types"], GGML type ids: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K on
+    AVX2 and AVX-512) are packed as 16-row tiles (memory()["weight_tile_bytes"]).
     False keeps the file mapped, its pages shared with other processes that map the same file,
     and the rows. Outputs are the same either way.
 

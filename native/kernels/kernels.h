@@ -99,14 +99,24 @@ struct Kernels {
                            float* acc, int G, int hd, const PrefetchRuns& ahead);
   // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
   bool value_tiles;
-  // n_tiles consecutive weight tiles (quant.h) of one Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K matrix with rows of n
-  // elements against T activation rows: out[16 i + r + t * out_stride] = (row r of tile i) . a_t, the same bits as
-  // dot_q_rows on the rows.
+  // n_tiles consecutive weight tiles (quant.h) of one matrix of a weight_tiles_type() type with rows of n elements
+  // against T activation rows: out[16 i + r + t * out_stride] = (row r of tile i) . a_t, the same bits as dot_q_rows
+  // on the rows.
   void (*dot_q_tiles)(GgmlType type, const uint8_t* tiles, int64_t n_tiles, const BlockQ8A* a, int64_t a_stride, int T,
                       int64_t n, float* out, int64_t out_stride);
-  // Whether this level has a weight-tile body, so that the CPU backend packs its weights as tiles.
-  bool weight_tiles;
+  // The weight types this level has a tile body for (bit t for GgmlType t; tile_bit below), so that the CPU
+  // backend packs those matrices as tiles and leaves the others in rows.
+  uint64_t weight_tile_types;
 };
+
+// The weight_tile_types bit of a type.
+constexpr uint64_t tile_bit(GgmlType t) {
+  return uint64_t{1} << static_cast<uint32_t>(t);
+}
+// Whether level k serves matrices of this type as weight tiles.
+inline bool has_weight_tiles(const Kernels& k, GgmlType t) {
+  return static_cast<uint32_t>(t) < 64 && (k.weight_tile_types & tile_bit(t)) != 0;
+}
 
 // Rows one attn_accum_tiles call sums, at most (a SIMD body's 8-bit partial sums stay inside int32).
 constexpr int kValueTaskRows = 1024;

@@ -537,16 +537,25 @@ const float* zero_queries() {
 }
 
 const Kernels& kernels_ref() {
-  static const Kernels k{"ref",       dot_f32,
-                         axpy_f32,    dequant_row,
-                         kv_load_row, quantize_act,
-                         dot_q,       dot_q_batch,
-                         attn_scores, attn_accum,
-                         exp_sum,     silu_mul,
-                         dot_q_rows,  attn_scores_tile_rows<attn_scores>,
-                         false,       attn_accum_tiles_ref,
-                         false,       dot_q_tiles_rows<dot_q_rows>,
-                         false};
+  static const Kernels k{"ref",
+                         dot_f32,
+                         axpy_f32,
+                         dequant_row,
+                         kv_load_row,
+                         quantize_act,
+                         dot_q,
+                         dot_q_batch,
+                         attn_scores,
+                         attn_accum,
+                         exp_sum,
+                         silu_mul,
+                         dot_q_rows,
+                         attn_scores_tile_rows<attn_scores>,
+                         false,
+                         attn_accum_tiles_ref,
+                         false,
+                         dot_q_tiles_rows<dot_q_rows>,
+                         0};
   return k;
 }
 

@@ -501,6 +501,11 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
   const bool x86_level = L == "avx2" || L == "avx512";
   std::mt19937 rng(47);
+  // The level serves as tiles only types that have a tile layout; the x86 levels serve all of them.
+  uint64_t layouts = 0;
+  for (uint32_t t = 0; t < 64; ++t) layouts |= weight_tiles_type(static_cast<GgmlType>(t)) ? uint64_t{1} << t : 0;
+  check((k.weight_tile_types & ~layouts) == 0 && (!x86_level || k.weight_tile_types == layouts),
+        L + " weight_tile_types: the tile layouts (all of them on x86)");
   for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
                            GgmlType::Q5_K, GgmlType::Q6_K}) {
     const std::string name = type_traits(static_cast<uint32_t>(t)).name;
