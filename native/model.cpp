@@ -65,17 +65,6 @@ void rope_row_half(float* x, int n_heads, int head_dim, int n_rot, const float* 
   }
 }
 
-// GeGLU: g[i] = gelu(g[i]) * u[i], GELU by its tanh approximation
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-void gelu_tanh_mul(float* g, const float* u, int n) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCubic = 0.044715f;
-  for (int i = 0; i < n; ++i) {
-    const float x = g[i];
-    g[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCubic * x * x))) * u[i];
-  }
-}
-
 // cs (T, head_dim/2, 2): cos/sin of pos * base^(-2i/head_dim) / freq_factor[i] for each row.
 void rope_table(const std::vector<int32_t>& pos, int T, int hd, float base, const std::vector<float>& freq_factors,
                 std::vector<float>& cs) {
@@ -898,7 +887,7 @@ void Model::forward(const std::vector<BatchItem>& items, KvPool& kv, KvPool* swa
       pool.parallel_for(T, [&](int, int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
           if (c.ffn_act == FfnAct::kGeluTanh) {
-            gelu_tanh_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
+            kern.gelu_tanh_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
           } else {
             kern.silu_mul(ws.ff_gate.data() + t * c.n_ff, ws.ff_up.data() + t * c.n_ff, c.n_ff);
           }

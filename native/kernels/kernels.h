@@ -31,6 +31,15 @@ constexpr int kMaxGroup = 16;
 // Head dimension the attention kernels support, at most (stack buffers).
 constexpr int kMaxHeadDim = 512;
 
+// GELU's tanh approximation: 0.5 x (1 + tanh(kGeluSqrt2OverPi (x + kGeluCubic x^3))).
+constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+// One element of it as the SIMD bodies compute it (their tails): x / (1 + exp(-2z)).
+inline float gelu_tanh_one(float x) {
+  const float z = kGeluSqrt2OverPi * x * (1.0f + kGeluCubic * x * x);
+  return x / (1.0f + std::exp(-2.0f * z));
+}
+
 // Memory a kernel asks for (prefetcht1, into L2) while it computes: n runs of `bytes` bytes.
 struct PrefetchRuns {
   const uint8_t* const* runs = nullptr;
@@ -72,6 +81,9 @@ struct Kernels {
   float (*exp_sum)(float* x, int n, float mx);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*silu_mul)(float* g, const float* u, int n);
+  // GeGLU: g[i] = gelu(g[i]) * u[i], GELU by its tanh approximation 0.5 x (1 + tanh(z)),
+  // z = sqrt(2/pi) (x + 0.044715 x^3). The SIMD bodies use the identity 0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z)).
+  void (*gelu_tanh_mul)(float* g, const float* u, int n);
   // R <= kMaxRows weight rows of one quantized type (row r at w[r], n elements each) against T activation rows:
   // out[r][t * out_stride] = w[r] . a_t, a_t = a + t * a_stride blocks. The matmul's one entry: each weight block
   // is decoded once for all T rows, and every (r, t) result is the same bits whatever R, T and the other rows
