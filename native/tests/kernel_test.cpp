@@ -437,8 +437,8 @@ void test_level(const Kernels& k, const Kernels& ref) {
     ok = true;
     for (int i = 0; i < n; ++i) ok = ok && close(g[i], g2[i], std::fabs(g2[i]), 1e-5);
     check(ok, L + " silu_mul");
-    // GeGLU against the reference's tanh form: over the silu inputs (sd 4) and the ends where
-    // exp(-2z) overflows (x = -30: z ~ -1000, the product must be -0 times u, not NaN) or vanishes.
+    // GeGLU against the reference (double): normal(0, 4) inputs and the ends where exp(-2z)
+    // overflows (x = -30: z ~ -1000, the product must be -0 times u, not NaN) or vanishes (x = 30).
     for (int i = 0; i < n; ++i) g[i] = nd(rng);
     g[0] = -30.0f;
     g[n - 1] = 30.0f;
