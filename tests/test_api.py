@@ -8,6 +8,7 @@ and the message.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
 import os
 import subprocess
@@ -447,7 +448,9 @@ def _self_signed(tmp: Path) -> tuple[bytes, bytes]:
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
         .sign(key, hashes.SHA256())
     )  # fmt: skip
     pem = serialization.Encoding.PEM
@@ -456,13 +459,16 @@ def _self_signed(tmp: Path) -> tuple[bytes, bytes]:
 
 
 def test_tls_server(api: dict[str, Any], tmp_path: Path) -> None:
+    # One address, 127.0.0.1 (its certificate names it): "localhost" resolves to two, and port 0 picks a port
+    # free on the first; where the second address already had that port, the plain client below reached
+    # another test's server there (UNIMPLEMENTED instead of the TLS handshake's UNAVAILABLE).
     cert, key = _self_signed(tmp_path)
-    srv = serve(conn=api["server"].hub.conn, host="localhost", port=0, token=TOKEN, tls=(cert, key),
+    srv = serve(conn=api["server"].hub.conn, host="127.0.0.1", port=0, token=TOKEN, tls=(cert, key),
                 out_root=tmp_path, echo=lambda m: None)  # fmt: skip
     try:
-        with SwarmClient(f"localhost:{srv.port}", token=TOKEN, root_certificates=cert) as c:
+        with SwarmClient(f"127.0.0.1:{srv.port}", token=TOKEN, root_certificates=cert) as c:
             assert c.health() == "SERVING" and c.swarms() == []
-        with SwarmClient(f"localhost:{srv.port}", token=TOKEN, timeout_s=5) as plain:
+        with SwarmClient(f"127.0.0.1:{srv.port}", token=TOKEN, timeout_s=5) as plain:
             got, _ = _code(lambda: plain.swarms())
             assert got == grpc.StatusCode.UNAVAILABLE
     finally:

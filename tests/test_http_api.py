@@ -351,10 +351,11 @@ def test_tls_serves_https_with_the_same_tokens(api: dict[str, Any], tmp_path: Pa
     from test_api import _self_signed
 
     cert, key = _self_signed(tmp_path)
-    srv = serve(conn=api["server"].hub.conn, host="localhost", port=0, http_port=0, token=TOKEN, tls=(cert, key),
+    # 127.0.0.1, which the certificate names: "localhost" would be two addresses (test_api.py's TLS test).
+    srv = serve(conn=api["server"].hub.conn, host="127.0.0.1", port=0, http_port=0, token=TOKEN, tls=(cert, key),
                 out_root=tmp_path, echo=lambda m: None)  # fmt: skip
     try:
-        assert srv.http.url.startswith("https://localhost:")
+        assert srv.http.url.startswith("https://127.0.0.1:")
         trust = ssl.create_default_context(cadata=cert.decode())
         with httpx.Client(verify=trust) as http:
             c = openai.OpenAI(base_url=srv.http.url, api_key=TOKEN, max_retries=0, http_client=http)
