@@ -106,7 +106,8 @@ struct Kernels {
   // So each weight is rounded by 2^e / 2 at most, 2^-22 of the block's largest |w d| (a float V sum
   // rounds each of its terms by 2^-24 of the running sum), and the sum is rounded once. Every level
   // gives the same bits (ref.cpp is the arithmetic). Only a level with value_tiles true is handed tiles.
-  // Meanwhile it asks for `ahead` (the next task's keys) into L2, one run per tile it sums.
+  // Meanwhile it asks for `ahead` (the next task's keys) into L2, its runs spread evenly over the call's
+  // steps (each block of each tile), all of them whatever the call's length.
   void (*attn_accum_tiles)(KvFormat f, const uint8_t* const* tiles, int first, int n, const float* w, int ld,
                            float* acc, int G, int hd, const PrefetchRuns& ahead);
   // Whether this level has a value-tile body, so that CPU pools store q8_0 / q4_0 values as tiles.
