@@ -191,6 +191,7 @@ const Kernels& kernels_ref();
 #if defined(KVS_HAVE_X86)
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
+const Kernels& kernels_avx512_amx();
 #endif
 #if defined(KVS_HAVE_NEON)
 const Kernels& kernels_neon();

@@ -270,7 +270,7 @@ void test_level(const Kernels& k, const Kernels& ref) {
       const GgmlType kRefExactX86[] = {GgmlType::Q5_0, GgmlType::Q5_1,   GgmlType::Q2_K,
                                        GgmlType::Q3_K, GgmlType::Q4_K,   GgmlType::Q5_K,
                                        GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
-      const bool x86_level = L == "avx2" || L == "avx512";
+      const bool x86_level = L == "avx2" || L == "avx512" || L == "avx512_amx";
       // NEON keeps its own Q4_0/Q4_1 bodies too: bit-exactness with the reference is an x86 property.
       const bool ref_exact =
           x86_level && (std::find(std::begin(kRefExact), std::end(kRefExact), t) != std::end(kRefExact) ||
@@ -528,7 +528,7 @@ void test_key_tiles(const Kernels& k, const Kernels& ref) {
 // reference's) bit for bit, with the gaps between output rows untouched.
 void test_weight_tiles(const Kernels& k, const Kernels& ref) {
   const std::string L = k.name;
-  const bool x86_level = L == "avx2" || L == "avx512";
+  const bool x86_level = L == "avx2" || L == "avx512" || L == "avx512_amx";
   std::mt19937 rng(47);
   // The level serves as tiles only types that have a tile layout; the x86 levels serve all of them.
   uint64_t layouts = 0;
@@ -594,7 +594,7 @@ void test_weight_tiles(const Kernels& k, const Kernels& ref) {
       }
       check(ok, L + " weight tile layout and round trip " + name + " n=" + std::to_string(n));
       bool same = true;
-      for (const int T : {1, 2, 3, 5, 16, 17, 33}) {
+      for (const int T : {1, 2, 3, 5, 8, 16, 17, 24, 33, 40}) {
         auto acts = randn(rng, static_cast<size_t>(T) * n, 2.0f);
         std::vector<BlockQ8A> qt(static_cast<size_t>(T) * nb);
         for (int a = 0; a < T; ++a) ref.quantize_act(acts.data() + a * n, qt.data() + a * nb, n);
@@ -869,7 +869,7 @@ int main() {
     test_key_tiles(*k, ref);
     test_value_tiles(*k, ref);
     test_weight_tiles(*k, ref);
-    if (k->name == std::string("avx2") || k->name == std::string("avx512")) test_extremes(*k, ref);
+    if (k->name == std::string("avx2") || std::string(k->name).rfind("avx512", 0) == 0) test_extremes(*k, ref);
   }
   test_kv_store_rounding();
   std::printf("levels: %s\n", levels.c_str());
