@@ -6,7 +6,8 @@ request per stdin line, one reply per stdout line prefixed with REPLY (llama.cpp
 may write its own lines):
 
     {"op": "version"}                             -> {"version": "0.3.36"}
-    {"op": "open", "id": "fa=1", "mode": "decode", "model": PATH, ...}  -> {"ok": true} | {"error": "..."}
+    {"op": "open", "id": "fa=1", "mode": "decode", "model": PATH, ...}
+        -> {"ok": true, "extra_bufts": true, "probe": "exit status 0"} | {"error": "..."}
     {"op": "measure", "id": "fa=1"}  -> {"tokens_per_s": ..., ...} | {"error": "..."}
     {"op": "close"}                  -> {"ok": true} (closes every open case)
 
@@ -19,6 +20,7 @@ contexts each time.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from typing import Any
@@ -176,14 +178,44 @@ class AggregateCase:
 CASES = {"decode": DecodeCase, "aggregate": AggregateCase}
 
 
+def probe(path: str) -> int:
+    """A 512-token prefill and a 16-sequence step with llama.cpp's default model parameters (its extra
+    weight buffer types on: AMX tiles, repacked rows). Run in a child process by extra_bufts_work."""
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+    if not model:
+        return 2
+    c = Context(model, {"threads": 2, "kv": "f16", "flash_attn": False}, 1024, 512, 16, True)
+    c.prefill(0, prompt_tokens(0, 512))
+    c.submit([(100 + s, 512 if s == 0 else 0, s, True) for s in range(16)])
+    c.close()
+    llama_cpp.llama_model_free(model)
+    return 0
+
+
+def extra_bufts_work(path: str) -> tuple[bool, str]:
+    """Whether llama.cpp survives its extra weight buffer types on this machine and file, and if not
+    how the probe ended. ggml 0.25.3 built for a CPU with AMX-INT8 (a Xeon VM, 2026-12-07) died of
+    SIGSEGV in its first 512-token prefill with them on and ran with them off, so the peer keeps them
+    (its best settings) only where a child process has run a prefill with them."""
+    try:
+        r = subprocess.run([sys.executable, __file__, "--probe", path], capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return False, "the probe ran past 600 s"
+    return r.returncode == 0, f"exit status {r.returncode}"
+
+
 def reply(obj: dict[str, Any]) -> None:
     sys.stdout.write(REPLY + json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--probe"]:
+        sys.exit(probe(sys.argv[2]))
     llama_cpp.llama_backend_init()
     models: dict[str, Any] = {}  # {path: llama_model*}, loaded once
+    extra: dict[str, tuple[bool, str]] = {}  # {path: extra_bufts_work(path)}
     cases: dict[str, DecodeCase | AggregateCase] = {}  # {request id: open case}, filled once, measured often
     for line in sys.stdin:
         req = json.loads(line)
@@ -193,10 +225,13 @@ def main() -> None:
                 reply({"version": llama_cpp.__version__})
             elif op == "open":
                 if req["model"] not in models:
+                    extra[req["model"]] = extra_bufts_work(req["model"])
                     mparams = llama_cpp.llama_model_default_params()
+                    mparams.use_extra_bufts = extra[req["model"]][0]
                     models[req["model"]] = llama_cpp.llama_model_load_from_file(req["model"].encode(), mparams)
                 cases[req["id"]] = CASES[req["mode"]](models[req["model"]], req)
-                reply({"ok": True})
+                works, how = extra[req["model"]]
+                reply({"ok": True, "extra_bufts": works, "probe": how})
             elif op == "measure":
                 reply(cases[req["id"]].measure())
             elif op == "close":

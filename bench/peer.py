@@ -104,6 +104,13 @@ class Peer:
             t0 = time.perf_counter()
             r = self.ask({"op": "open", "id": name, "model": str(self.model), **cfg})
             print(f"#   llama.cpp {name}: filled in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            if r.get("extra_bufts") is False:
+                print(
+                    f"#   llama.cpp {name}: without its extra weight buffer types (AMX, repacked rows): a prefill"
+                    f" with them died here ({r.get('probe')})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if "error" in r:
                 theirs[name] = {"key": key, "error": r["error"], "cached": False}
             else:
