@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,43 @@ from worker.models import default_model_path  # noqa: E402
 # Session-scoped fixtures (Ray clusters, servers) start before any test's own cache below: give them an
 # empty cache too, never the user's ~/.cache/kvswarm (which `make demo` fills).
 os.environ["KVSWARM_CACHE"] = tempfile.mkdtemp(prefix="kvswarm-cache-session-")
+
+
+def _llama_cpp_plain_buffers_where_amx_crashes() -> None:
+    """ggml's AMX weight buffers die of SIGSEGV in the first evaluation on some AMX-INT8 machines (llama.cpp
+    issue 20824; llama-cpp-python 0.3.36 built natively on this project's Xeon host, any batch, the default
+    model). On a CPU with AMX a child process first runs bench/llama_peer.py's probe (a prefill with
+    llama.cpp's default model parameters); where it dies, every llama.cpp model the tests load comes up
+    without llama.cpp's extra buffer types (its plain CPU kernels, as on a CPU without AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return
+    if "amx_int8" not in flags:
+        return
+    try:
+        import llama_cpp
+        import llama_cpp.llama_cpp as ll
+    except ImportError:
+        return
+    probe = Path(__file__).resolve().parent.parent / "bench" / "llama_peer.py"
+    r = subprocess.run(
+        [sys.executable, str(probe), "--probe", str(default_model_path())], capture_output=True, timeout=600
+    )
+    if r.returncode == 0:
+        return
+    default_params = ll.llama_model_default_params
+
+    def plain_params() -> object:
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+
+    ll.llama_model_default_params = plain_params  # what llama_cpp.Llama calls
+    llama_cpp.llama_model_default_params = plain_params  # the package's re-export
+
+
+_llama_cpp_plain_buffers_where_amx_crashes()
 
 WEIGHT_TYPES = list(refmodel.WEIGHT_TYPES)
 KV_FORMATS = list(formats.KV_FORMATS)  # as a list for parametrize ids
